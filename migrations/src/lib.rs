@@ -1,0 +1,39 @@
+//! The schemas of the two databases, as sea-orm migrators: [`student::Migrator`] for the
+//! Student DB (`students`, `outbox`) and [`users::Migrator`] for the Users DB (`users`,
+//! `inbox`). Each service applies its own migrator on start-up with [`apply`]; the relay
+//! only waits for the Student schema with [`is_current`].
+
+use sea_orm_migration::{
+    MigratorTrait,
+    sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait},
+};
+
+pub mod student;
+pub mod users;
+
+/// Applies every pending migration of `M` to `db`.
+///
+/// On PostgreSQL the migrations run in one transaction holding an advisory lock, so replicas
+/// that start together apply them once, one after the other, instead of racing. (SQLite
+/// serialises writers by itself.)
+pub async fn apply<M: MigratorTrait>(db: &DatabaseConnection, lock_id: i64) -> Result<(), DbErr> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return M::up(db, None).await;
+    }
+    let txn = db.begin().await?;
+    // Released at commit or rollback: a crashed migrator never leaves the lock held.
+    txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({lock_id})"))
+        .await?;
+    M::up(&txn, None).await?;
+    txn.commit().await
+}
+
+/// Tells whether every migration of `M` has been applied, without writing anything.
+pub async fn is_current<M: MigratorTrait>(db: &DatabaseConnection) -> Result<bool, DbErr> {
+    Ok(M::get_pending_migrations_read_only(db).await?.is_empty())
+}
+
+/// Advisory-lock id the Student DB's migrations run under.
+pub const STUDENT_LOCK_ID: i64 = 0x5354_5544; // "STUD"
+/// Advisory-lock id the Users DB's migrations run under.
+pub const USERS_LOCK_ID: i64 = 0x5553_4552; // "USER"

@@ -1,0 +1,19 @@
+//! The Student DB: `students` and the `outbox` of effects still to deliver.
+
+use sea_orm_migration::prelude::*;
+
+mod m20261130_000001_create_students_table;
+mod m20261130_000002_create_outbox_table;
+
+/// Migrates the Student DB.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![
+            Box::new(m20261130_000001_create_students_table::Migration),
+            Box::new(m20261130_000002_create_outbox_table::Migration),
+        ]
+    }
+}

@@ -1,0 +1,136 @@
+//! Opening a database and its write transactions, identically for SQLite and PostgreSQL.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::Context as _;
+use sea_orm::{
+    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqlErr,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous},
+};
+
+/// How long a SQLite writer waits for the write lock before giving up with SQLITE_BUSY.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens a connection pool for `url` (`sqlite://…` or `postgres://…`).
+///
+/// SQLite files are created on first use, with their parent directory, in WAL mode (readers
+/// never block the writer) with a busy timeout (writers queue instead of failing).
+pub async fn connect(url: &str) -> anyhow::Result<DatabaseConnection> {
+    let mut options = ConnectOptions::new(url);
+    options
+        .connect_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(10))
+        .sqlx_logging(false);
+    if is_sqlite(url) {
+        create_parent_dir(url)?;
+        // sea-orm defaults SQLite pools to one connection; a second concurrent transaction
+        // would then wait for the pool instead of for SQLite's lock.
+        options.max_connections(8).min_connections(1);
+        options.map_sqlx_sqlite_opts(|o| {
+            o.journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT)
+                .foreign_keys(true)
+        });
+    } else {
+        options.max_connections(16).min_connections(1);
+    }
+    Database::connect(options)
+        .await
+        .with_context(|| format!("cannot open database {}", redact_url(url)))
+}
+
+/// Begins a transaction that will write.
+///
+/// On SQLite it starts IMMEDIATE, taking the write lock up front: a deferred transaction
+/// that reads and then writes fails with SQLITE_BUSY at the upgrade, which the busy timeout
+/// does not retry. On PostgreSQL it is a plain READ COMMITTED transaction.
+pub async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+    let mut options = TransactionOptions::default();
+    if db.get_database_backend() == DbBackend::Sqlite {
+        options.sqlite_transaction_mode = Some(SqliteTransactionMode::Immediate);
+    }
+    db.begin_with_options(options).await
+}
+
+/// Tells whether `err` is a unique-constraint violation (the same answer on both backends).
+pub fn is_unique_violation(err: &DbErr) -> bool {
+    matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_)))
+}
+
+/// Tells whether `url` names a SQLite database.
+pub fn is_sqlite(url: &str) -> bool {
+    url.starts_with("sqlite:")
+}
+
+/// Returns `url` without its password, fit for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _password)) => {
+                    format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..])
+                }
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn create_parent_dir(url: &str) -> anyhow::Result<()> {
+    let path = url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path.is_empty() || path == ":memory:" {
+        return Ok(());
+    }
+    if let Some(parent) = Path::new(path)
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create directory {}", parent.display()))?;
+    }
+    Ok(())
+}
+
+/// The current UTC time at microsecond precision, the finest both backends store, so a
+/// timestamp reads back exactly as it was written.
+pub fn now() -> chrono::DateTime<chrono::Utc> {
+    use chrono::SubsecRound as _;
+    chrono::Utc::now().trunc_subsecs(6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_url_hides_the_password_only() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/student"),
+            "postgres://app:***@db:5432/student"
+        );
+        assert_eq!(
+            redact_url("postgres://app@db/student"),
+            "postgres://app@db/student"
+        );
+        assert_eq!(
+            redact_url("sqlite://data/student.db?mode=rwc"),
+            "sqlite://data/student.db?mode=rwc"
+        );
+    }
+
+    #[test]
+    fn sqlite_urls_are_recognised() {
+        assert!(is_sqlite("sqlite://data/x.db?mode=rwc"));
+        assert!(is_sqlite("sqlite::memory:"));
+        assert!(!is_sqlite("postgres://localhost/x"));
+    }
+}

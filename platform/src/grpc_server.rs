@@ -1,0 +1,95 @@
+//! The shell every gRPC server here runs in: the service's own routes plus the standard
+//! health service and server reflection (v1 and v1alpha, so grpcurl of any age can list and
+//! call services without .proto files), served on an already-bound listener until shutdown.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sea_orm::DatabaseConnection;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::{
+    service::Routes,
+    transport::{Server, server::TcpIncoming},
+};
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+/// How often the health service re-checks that the database answers.
+const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Serves `routes` with health and reflection on `listener` until `shutdown` is cancelled,
+/// then lets in-flight calls finish.
+///
+/// Health reports `service_name` (and the server as a whole, `""`) as SERVING while the
+/// database answers and NOT_SERVING while it does not.
+pub async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    service_name: &'static str,
+    db: DatabaseConnection,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let reflection_v1 = reflection()
+        .build_v1()
+        .context("cannot build reflection v1")?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .context("cannot build reflection v1alpha")?;
+
+    let routes = routes
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+
+    let health_task = tokio::spawn(report_database_health(
+        reporter,
+        service_name,
+        db,
+        shutdown.clone(),
+    ));
+
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let served = Server::builder()
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+        .await
+        .context("grpc server failed");
+    health_task.abort();
+    served
+}
+
+/// Reflection over this project's services and the health service, so that grpcurl can
+/// call `grpc.health.v1.Health/Check` without .proto files too.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+async fn report_database_health(
+    reporter: HealthReporter,
+    service_name: &'static str,
+    db: DatabaseConnection,
+    shutdown: CancellationToken,
+) {
+    let mut last = None;
+    loop {
+        let status = match db.ping().await {
+            Ok(()) => ServingStatus::Serving,
+            Err(err) => {
+                tracing::warn!(error = %err, "database unreachable, health is NOT_SERVING");
+                ServingStatus::NotServing
+            }
+        };
+        if last != Some(status) {
+            reporter.set_service_status("", status).await;
+            reporter.set_service_status(service_name, status).await;
+            last = Some(status);
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {}
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! What `student-svc`, `users-svc` and `relay` share and must do the same way: opening a
+//! database (SQLite or PostgreSQL) and its write transactions, validating request fields,
+//! fingerprinting requests, serving gRPC with health and reflection, logging, shutting down.
+//! It owns no data and no business rule.
+
+pub mod db;
+pub mod fingerprint;
+pub mod grpc_server;
+pub mod shutdown;
+pub mod telemetry;
+pub mod validate;

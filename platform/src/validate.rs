@@ -1,0 +1,262 @@
+//! Field rules shared by every RPC, so the same input is judged the same everywhere.
+//!
+//! Values are checked, never repaired: surrounding whitespace is an error, not something
+//! trimmed, so the stored value is always exactly what the caller sent.
+
+use email_address::{EmailAddress, Options};
+use uuid::Uuid;
+
+/// One field that failed its rule: the proto field name and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct FieldViolation {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl FieldViolation {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The longest accepted first or last name, in characters.
+pub const MAX_NAME_CHARS: usize = 100;
+/// The longest accepted e-mail address, in characters (RFC 5321's path limit).
+pub const MAX_EMAIL_CHARS: usize = 254;
+/// The longest accepted document number, in characters.
+pub const MAX_DOCUMENT_NUMBER_CHARS: usize = 32;
+/// The longest accepted idempotency key, in characters.
+pub const MAX_KEY_CHARS: usize = 128;
+
+/// A first or last name: 1–100 characters, no control characters.
+pub fn name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
+    text(field, value, MAX_NAME_CHARS)?;
+    if value.chars().any(char::is_control) {
+        return Err(FieldViolation::new(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// An e-mail address: syntactically valid, with a dotted domain, at most 254 characters.
+pub fn email(field: &'static str, value: &str) -> Result<(), FieldViolation> {
+    text(field, value, MAX_EMAIL_CHARS)?;
+    let strict = Options::default()
+        .with_required_tld()
+        .without_domain_literal()
+        .without_display_text();
+    EmailAddress::parse_with_options(value, strict)
+        .map(drop)
+        .map_err(|_| FieldViolation::new(field, "must be an e-mail address like name@example.org"))
+}
+
+/// A document number: 1–32 ASCII letters, digits or `-`.
+pub fn document_number(field: &'static str, value: &str) -> Result<(), FieldViolation> {
+    text(field, value, MAX_DOCUMENT_NUMBER_CHARS)?;
+    if !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(FieldViolation::new(
+            field,
+            "must contain only letters, digits and '-'",
+        ));
+    }
+    Ok(())
+}
+
+/// An idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`.
+pub fn idempotency_key(field: &'static str, value: &str) -> Result<(), FieldViolation> {
+    text(field, value, MAX_KEY_CHARS)?;
+    if !value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
+    {
+        return Err(FieldViolation::new(
+            field,
+            "must contain only letters, digits and '.', '_', ':', '-'",
+        ));
+    }
+    Ok(())
+}
+
+/// A UUID in its hyphenated form (any case); returns it parsed.
+pub fn uuid(field: &'static str, value: &str) -> Result<Uuid, FieldViolation> {
+    if value.is_empty() {
+        return Err(FieldViolation::new(field, "must not be empty"));
+    }
+    if value.len() != 36 {
+        return Err(FieldViolation::new(field, "must be a hyphenated UUID"));
+    }
+    Uuid::try_parse(value).map_err(|_| FieldViolation::new(field, "must be a hyphenated UUID"))
+}
+
+/// Non-empty, at most `max_chars` characters, no leading or trailing whitespace.
+fn text(field: &'static str, value: &str, max_chars: usize) -> Result<(), FieldViolation> {
+    if value.is_empty() {
+        return Err(FieldViolation::new(field, "must not be empty"));
+    }
+    if value.chars().count() > max_chars {
+        return Err(FieldViolation::new(
+            field,
+            format!("must be at most {max_chars} characters"),
+        ));
+    }
+    if value.trim() != value {
+        return Err(FieldViolation::new(
+            field,
+            "must not start or end with whitespace",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason<T>(result: Result<T, FieldViolation>) -> String {
+        match result {
+            Ok(_) => "ok".to_owned(),
+            Err(violation) => violation.reason,
+        }
+    }
+
+    #[test]
+    fn names_accept_unicode_and_reject_control_characters() {
+        assert_eq!(reason(name("first_name", "José María")), "ok");
+        assert_eq!(reason(name("first_name", &"é".repeat(100))), "ok");
+        assert_eq!(
+            reason(name("first_name", &"é".repeat(101))),
+            "must be at most 100 characters"
+        );
+        assert_eq!(
+            reason(name("first_name", "Ana\u{0}")),
+            "must not contain control characters"
+        );
+        assert_eq!(
+            reason(name("first_name", "Ana\nLuz")),
+            "must not contain control characters"
+        );
+        assert_eq!(reason(name("first_name", "")), "must not be empty");
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_rejected_not_trimmed() {
+        for value in [" Ana", "Ana ", "\tAna", "Ana\u{a0}"] {
+            assert_eq!(
+                reason(name("first_name", value)),
+                "must not start or end with whitespace",
+                "{value:?}"
+            );
+        }
+        assert_eq!(
+            reason(email("email", " ana@example.edu")),
+            "must not start or end with whitespace"
+        );
+    }
+
+    #[test]
+    fn emails_must_be_plain_addresses_with_a_dotted_domain() {
+        assert_eq!(reason(email("email", "ana.perez@example.edu")), "ok");
+        for bad in [
+            "ana",
+            "ana@",
+            "@example.edu",
+            "ana@localhost",
+            "Ana <ana@example.edu>",
+            "ana@[127.0.0.1]",
+        ] {
+            assert_eq!(
+                reason(email("email", bad)),
+                "must be an e-mail address like name@example.org",
+                "{bad:?}"
+            );
+        }
+        let long = format!("{}@example.edu", "a".repeat(250));
+        assert_eq!(
+            reason(email("email", &long)),
+            "must be at most 254 characters"
+        );
+    }
+
+    #[test]
+    fn document_numbers_are_letters_digits_and_dashes() {
+        assert_eq!(
+            reason(document_number("document_number", "AB-1234-5")),
+            "ok"
+        );
+        assert_eq!(
+            reason(document_number("document_number", &"9".repeat(32))),
+            "ok"
+        );
+        assert_eq!(
+            reason(document_number("document_number", &"9".repeat(33))),
+            "must be at most 32 characters"
+        );
+        assert_eq!(
+            reason(document_number("document_number", "12 34")),
+            "must contain only letters, digits and '-'"
+        );
+        assert_eq!(
+            reason(document_number(
+                "document_number",
+                "12'; DROP TABLE users;--"
+            )),
+            "must contain only letters, digits and '-'"
+        );
+    }
+
+    #[test]
+    fn keys_allow_a_small_safe_alphabet() {
+        assert_eq!(
+            reason(idempotency_key("idempotency_key", "order:42_v1.retry-3")),
+            "ok"
+        );
+        assert_eq!(
+            reason(idempotency_key("idempotency_key", &"k".repeat(128))),
+            "ok"
+        );
+        assert_eq!(
+            reason(idempotency_key("idempotency_key", &"k".repeat(129))),
+            "must be at most 128 characters"
+        );
+        assert_eq!(
+            reason(idempotency_key("idempotency_key", "a/b")),
+            "must contain only letters, digits and '.', '_', ':', '-'"
+        );
+        assert_eq!(
+            reason(idempotency_key("idempotency_key", "")),
+            "must not be empty"
+        );
+    }
+
+    #[test]
+    fn ids_must_be_hyphenated_uuids() {
+        let id = uuid("id", "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a").expect("valid uuid");
+        assert_eq!(id.to_string(), "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a");
+        assert!(uuid("id", "0193A6A4-7F3E-7C1A-9A55-3C2F1E0D4B8A").is_ok());
+        assert_eq!(reason(uuid("id", "")), "must not be empty");
+        assert_eq!(reason(uuid("id", "42")), "must be a hyphenated UUID");
+        assert_eq!(
+            reason(uuid("id", "0193a6a47f3e7c1a9a553c2f1e0d4b8a")),
+            "must be a hyphenated UUID"
+        );
+        assert_eq!(
+            reason(uuid("id", "zzzzzzzz-7f3e-7c1a-9a55-3c2f1e0d4b8a")),
+            "must be a hyphenated UUID"
+        );
+    }
+
+    #[test]
+    fn violations_name_their_field() {
+        let violation = name("last_name", "").expect_err("empty name");
+        assert_eq!(
+            violation.to_string(),
+            "invalid last_name: must not be empty"
+        );
+    }
+}

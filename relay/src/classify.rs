@@ -1,0 +1,99 @@
+//! Which answers from Users are final and which are worth another attempt.
+
+use tonic::{Code, Status};
+
+/// Whether a failed delivery should be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Users judged the request and said no; the same request with the same key will get
+    /// the same answer, so retrying cannot help.
+    Permanent,
+    /// Users did not judge the request (down, overloaded, too slow, connection lost, or a
+    /// code this relay does not know): try again later with the same key.
+    Transient,
+}
+
+/// Classifies a CreateUser error status.
+pub fn classify(status: &Status) -> Failure {
+    match status.code() {
+        Code::InvalidArgument
+        | Code::AlreadyExists
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unauthenticated
+        | Code::PermissionDenied => Failure::Permanent,
+        _ => Failure::Transient,
+    }
+}
+
+/// The canonical upper-case name of a gRPC code, as in `ALREADY_EXISTS`.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejections_are_permanent_and_everything_else_transient() {
+        let permanent = [
+            Code::InvalidArgument,
+            Code::AlreadyExists,
+            Code::FailedPrecondition,
+            Code::OutOfRange,
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+        ];
+        for code in permanent {
+            assert_eq!(
+                classify(&Status::new(code, "")),
+                Failure::Permanent,
+                "{code:?}"
+            );
+        }
+        let transient = [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Cancelled,
+            Code::ResourceExhausted,
+            Code::Aborted,
+            Code::Unknown,
+            Code::Internal,
+            Code::NotFound,
+            Code::Unimplemented,
+            Code::DataLoss,
+        ];
+        for code in transient {
+            assert_eq!(
+                classify(&Status::new(code, "")),
+                Failure::Transient,
+                "{code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn code_names_are_the_canonical_ones() {
+        assert_eq!(code_name(Code::AlreadyExists), "ALREADY_EXISTS");
+        assert_eq!(code_name(Code::Unavailable), "UNAVAILABLE");
+    }
+}

@@ -1,0 +1,77 @@
+//! The relay: delivers the Student DB's outbox to the Users service. It reads `pending`
+//! rows, calls `CreateUser` with each row's stored idempotency key (never holding a
+//! transaction open across the call), then links the returned user to the student and
+//! marks the row `done` in one Student-DB transaction. It also replays past deliveries
+//! (`relay replay`) and reports the outbox (`relay status`).
+//!
+//! The relay is part of Student's side: it reads and writes the Student DB and talks to
+//! Users only over gRPC.
+
+mod backoff;
+pub mod classify;
+pub mod cli;
+mod deliver;
+pub mod replay;
+pub mod status;
+pub mod store;
+pub mod users_client;
+
+use std::time::Duration;
+
+use sea_orm::DatabaseConnection;
+use tokio_util::sync::CancellationToken;
+
+pub use deliver::{BatchOutcome, Relay};
+
+/// Tuning of `relay run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunConfig {
+    /// Pause between polls when no row is due.
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub poll_interval: Duration,
+    /// Rows read per batch.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub batch_size: u16,
+    /// Calls to Users in flight at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+    /// Deadline of each call to Users.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub call_timeout: Duration,
+    /// First retry delay after a transient failure (doubles per attempt, with jitter).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub backoff_max: Duration,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        <Self as clap::FromArgMatches>::from_arg_matches(
+            &<Self as clap::Args>::augment_args(clap::Command::new("defaults"))
+                .get_matches_from(["defaults"]),
+        )
+        .unwrap_or_else(|_| unreachable!("every run flag has a default"))
+    }
+}
+
+/// Waits until the Student DB's schema is in place (student-svc applies it), so the relay
+/// can start before the service. Returns false if `shutdown` came first.
+pub async fn wait_for_schema(db: &DatabaseConnection, shutdown: &CancellationToken) -> bool {
+    let mut logged = false;
+    loop {
+        match migrations::is_current::<migrations::student::Migrator>(db).await {
+            Ok(true) => return true,
+            Ok(false) | Err(_) if !logged => {
+                tracing::info!("waiting for student-svc to create the Student DB schema");
+                logged = true;
+            }
+            Ok(false) | Err(_) => {}
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}

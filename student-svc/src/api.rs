@@ -1,0 +1,119 @@
+//! The gRPC face of the Student service: decode and validate, call a use case, encode.
+
+use platform::validate;
+use prost_types::Timestamp;
+use proto::student::v1::{
+    CreateStudentRequest, GetStudentRequest, ListStudentsRequest, ListStudentsResponse, Student,
+    UserLinkStatus, student_service_server::StudentService,
+};
+use sea_orm::DatabaseConnection;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    entity::outbox::OutboxStatus,
+    error::Error,
+    new_student::NewStudent,
+    students::{self, StudentView},
+};
+
+/// Page size when the caller asks for none.
+const DEFAULT_PAGE_SIZE: u64 = 50;
+/// The largest page served, whatever the caller asks for.
+const MAX_PAGE_SIZE: u64 = 500;
+
+/// Implements `student.v1.StudentService` over the Student DB.
+pub struct StudentApi {
+    db: DatabaseConnection,
+}
+
+impl StudentApi {
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+}
+
+#[tonic::async_trait]
+impl StudentService for StudentApi {
+    #[tracing::instrument(name = "CreateStudent", skip_all)]
+    async fn create_student(
+        &self,
+        request: Request<CreateStudentRequest>,
+    ) -> Result<Response<Student>, Status> {
+        let new = NewStudent::try_from(request.into_inner())?;
+        let view = students::create_student(&self.db, new).await?;
+        Ok(Response::new(encode(view)))
+    }
+
+    #[tracing::instrument(name = "GetStudent", skip_all)]
+    async fn get_student(
+        &self,
+        request: Request<GetStudentRequest>,
+    ) -> Result<Response<Student>, Status> {
+        let id = validate::uuid("id", &request.into_inner().id).map_err(Error::from)?;
+        let view = students::get_student(&self.db, id).await?;
+        Ok(Response::new(encode(view)))
+    }
+
+    #[tracing::instrument(name = "ListStudents", skip_all)]
+    async fn list_students(
+        &self,
+        request: Request<ListStudentsRequest>,
+    ) -> Result<Response<ListStudentsResponse>, Status> {
+        let request = request.into_inner();
+        let limit = match u64::try_from(request.page_size) {
+            Ok(0) => DEFAULT_PAGE_SIZE,
+            Ok(size) => size.min(MAX_PAGE_SIZE),
+            Err(_) => {
+                return Err(Error::from(validate::FieldViolation::new(
+                    "page_size",
+                    "must not be negative",
+                ))
+                .into());
+            }
+        };
+        // The token is the id of the last student of the previous page.
+        let after = match request.page_token.as_str() {
+            "" => None,
+            token => Some(validate::uuid("page_token", token).map_err(Error::from)?),
+        };
+        let page = students::list_students(&self.db, after, limit).await?;
+        Ok(Response::new(ListStudentsResponse {
+            students: page.students.into_iter().map(encode).collect(),
+            next_page_token: page.next_after.map(|id| id.to_string()).unwrap_or_default(),
+        }))
+    }
+}
+
+fn encode(view: StudentView) -> Student {
+    let StudentView {
+        student,
+        create_user,
+    } = view;
+    let (status, link_error) = match create_user.as_ref().map(|row| row.status) {
+        Some(OutboxStatus::Done) => (UserLinkStatus::Linked, String::new()),
+        Some(OutboxStatus::Failed) => (
+            UserLinkStatus::Failed,
+            create_user
+                .and_then(|row| row.last_error)
+                .unwrap_or_default(),
+        ),
+        Some(OutboxStatus::Pending | OutboxStatus::Processing) => {
+            (UserLinkStatus::Pending, String::new())
+        }
+        None => (UserLinkStatus::Unspecified, String::new()),
+    };
+    Student {
+        id: student.id.to_string(),
+        first_name: student.first_name,
+        last_name: student.last_name,
+        email: student.email,
+        document_number: student.document_number,
+        user_id: student.user_id.map(|id| id.to_string()).unwrap_or_default(),
+        user_link_status: status.into(),
+        link_error,
+        created_at: Some(Timestamp {
+            seconds: student.created_at.timestamp(),
+            nanos: student.created_at.timestamp_subsec_nanos() as i32,
+        }),
+    }
+}

@@ -1,0 +1,63 @@
+//! The Student service (`student.v1.StudentService`). It owns the Student DB: `students`
+//! and the `outbox` of effects on other services. CreateStudent commits a student together
+//! with the `create-user` outbox row that asks Users for its login user; the `relay`
+//! delivers that row later. This service never calls Users itself.
+
+mod api;
+pub mod entity;
+mod error;
+mod new_student;
+pub mod students;
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use proto::student::v1::student_service_server::StudentServiceServer;
+use sea_orm::DatabaseConnection;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
+
+pub use api::StudentApi;
+pub use error::Error;
+pub use new_student::NewStudent;
+
+/// Largest request message accepted, in bytes; larger ones get OUT_OF_RANGE.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Command-line and environment configuration of `student-svc`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "student-svc", about = "The Student gRPC service", version)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "STUDENT_LISTEN_ADDR", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Student DB: `sqlite://PATH?mode=rwc` or `postgres://USER@HOST/DB`.
+    #[arg(
+        long,
+        env = "STUDENT_DATABASE_URL",
+        default_value = "sqlite://data/student.db?mode=rwc"
+    )]
+    pub database_url: String,
+}
+
+/// Opens the Student DB and brings its schema up to date.
+pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
+    let db = platform::db::connect(url).await?;
+    migrations::apply::<migrations::student::Migrator>(&db, migrations::STUDENT_LOCK_ID)
+        .await
+        .context("cannot migrate the Student DB")?;
+    Ok(db)
+}
+
+/// Serves the Student service on `listener` until `shutdown` is cancelled.
+pub async fn run(
+    listener: TcpListener,
+    db: DatabaseConnection,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let service = StudentServiceServer::new(StudentApi::new(db.clone()))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let routes = Routes::new(service);
+    platform::grpc_server::serve(listener, routes, "student.v1.StudentService", db, shutdown).await
+}

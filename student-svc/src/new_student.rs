@@ -1,0 +1,107 @@
+//! A CreateStudent request that passed validation.
+
+use platform::{fingerprint::Fingerprint, validate};
+use proto::student::v1::CreateStudentRequest;
+
+use crate::error::Error;
+
+/// The fields of a valid CreateStudent request, exactly as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewStudent {
+    pub first_name: String,
+    pub last_name: String,
+    pub email: String,
+    pub document_number: String,
+    /// The caller's key for retrying this CreateStudent, if any.
+    pub client_key: Option<String>,
+}
+
+impl TryFrom<CreateStudentRequest> for NewStudent {
+    type Error = Error;
+
+    fn try_from(request: CreateStudentRequest) -> Result<Self, Error> {
+        validate::name("first_name", &request.first_name)?;
+        validate::name("last_name", &request.last_name)?;
+        validate::email("email", &request.email)?;
+        validate::document_number("document_number", &request.document_number)?;
+        if let Some(key) = &request.idempotency_key {
+            validate::idempotency_key("idempotency_key", key)?;
+        }
+        Ok(Self {
+            first_name: request.first_name,
+            last_name: request.last_name,
+            email: request.email,
+            document_number: request.document_number,
+            client_key: request.idempotency_key,
+        })
+    }
+}
+
+impl NewStudent {
+    /// Fingerprint of what was asked for (never the key), to tell a retry of this request
+    /// from the same key reused for another one.
+    pub fn request_hash(&self) -> String {
+        Fingerprint::new()
+            .field(&self.first_name)
+            .field(&self.last_name)
+            .field(&self.email)
+            .field(&self.document_number)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> CreateStudentRequest {
+        CreateStudentRequest {
+            first_name: "Ana".into(),
+            last_name: "Pérez".into(),
+            email: "ana.perez@example.edu".into(),
+            document_number: "DOC-1001".into(),
+            idempotency_key: Some("enrol-1001".into()),
+        }
+    }
+
+    #[test]
+    fn a_valid_request_is_kept_as_sent() {
+        let student = NewStudent::try_from(request()).expect("valid");
+        assert_eq!(student.last_name, "Pérez");
+        assert_eq!(student.client_key.as_deref(), Some("enrol-1001"));
+    }
+
+    #[test]
+    fn each_invalid_field_is_named() {
+        let cases: [(fn(&mut CreateStudentRequest), &str); 5] = [
+            (|r| r.first_name = String::new(), "first_name"),
+            (|r| r.last_name = "x\u{7}".into(), "last_name"),
+            (|r| r.email = "not-an-email".into(), "email"),
+            (|r| r.document_number = "12 34".into(), "document_number"),
+            (|r| r.idempotency_key = Some(" k".into()), "idempotency_key"),
+        ];
+        for (spoil, field) in cases {
+            let mut bad = request();
+            spoil(&mut bad);
+            match NewStudent::try_from(bad) {
+                Err(Error::InvalidArgument(violation)) => assert_eq!(violation.field, field),
+                other => panic!("expected a violation of {field}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_the_key_and_covers_every_field() {
+        let base = NewStudent::try_from(request()).expect("valid");
+        let other_key = NewStudent {
+            client_key: Some("another".into()),
+            ..base.clone()
+        };
+        assert_eq!(base.request_hash(), other_key.request_hash());
+        let other_email = NewStudent {
+            email: "ana@example.edu".into(),
+            ..base.clone()
+        };
+        assert_ne!(base.request_hash(), other_email.request_hash());
+    }
+}

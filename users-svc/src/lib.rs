@@ -1,0 +1,69 @@
+//! The Users service (`users.v1.UsersService`). It owns the Users DB: `users` and the
+//! `inbox` that makes CreateUser idempotent, so a redelivered request returns the user
+//! created the first time instead of creating a second one. Nobody else reads or writes
+//! this database.
+
+mod api;
+pub mod create_user;
+pub mod entity;
+mod error;
+mod new_user;
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use proto::users::v1::users_service_server::UsersServiceServer;
+use sea_orm::DatabaseConnection;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
+
+pub use api::{REPLAY_ONLY_HEADER, REPLAYED_HEADER, UsersApi};
+pub use error::Error;
+pub use new_user::NewUser;
+
+/// Largest request message accepted, in bytes; larger ones get OUT_OF_RANGE.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Command-line and environment configuration of `users-svc`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "users-svc", about = "The Users gRPC service", version)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "USERS_LISTEN_ADDR", default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
+    /// Users DB: `sqlite://PATH?mode=rwc` or `postgres://USER@HOST/DB`.
+    #[arg(
+        long,
+        env = "USERS_DATABASE_URL",
+        default_value = "sqlite://data/users.db?mode=rwc"
+    )]
+    pub database_url: String,
+}
+
+/// Opens the Users DB and brings its schema up to date.
+pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
+    let db = platform::db::connect(url).await?;
+    migrations::apply::<migrations::users::Migrator>(&db, migrations::USERS_LOCK_ID)
+        .await
+        .context("cannot migrate the Users DB")?;
+    Ok(db)
+}
+
+/// Serves the Users service on `listener` until `shutdown` is cancelled.
+pub async fn run(
+    listener: TcpListener,
+    db: DatabaseConnection,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let service = UsersServiceServer::new(UsersApi::new(db.clone()))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    platform::grpc_server::serve(
+        listener,
+        Routes::new(service),
+        "users.v1.UsersService",
+        db,
+        shutdown,
+    )
+    .await
+}

@@ -1,0 +1,16 @@
+use anyhow::Context as _;
+use clap::Parser as _;
+use users_svc::Config;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    platform::telemetry::init();
+    let config = Config::parse();
+    let shutdown = platform::shutdown::on_signal()?;
+    let db = users_svc::open_database(&config.database_url).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "users-svc listening");
+    users_svc::run(listener, db, shutdown).await
+}
