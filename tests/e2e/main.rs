@@ -1,1 +1,7 @@
-fn main() {}
+//! The project's integration tests, one binary: each scenario runs on SQLite and, when
+//! `TEST_POSTGRES_URL` is set, on PostgreSQL, with its own databases and ports.
+
+mod support;
+
+mod student_service;
+mod users_service;

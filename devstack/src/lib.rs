@@ -1,0 +1,287 @@
+//! Running the real binaries (`student-svc`, `users-svc`, `relay`) as processes: building
+//! them, starting them with their output captured, waiting for health, signalling them.
+//! `cargo run -p devstack` uses it to start the whole system; the end-to-end tests use it
+//! to start, kill and restart processes.
+
+use std::{
+    fs::File,
+    io::{BufRead as _, BufReader, Write as _},
+    net::SocketAddr,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use nix::{sys::signal::Signal, unistd::Pid};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+/// The binaries of the system.
+pub const BINARIES: [&str; 3] = ["student-svc", "users-svc", "relay"];
+
+/// Builds the three binaries with cargo (an up-to-date build is a no-op) and returns the
+/// directory that holds them. Cargo does not build another package's binaries for a test,
+/// so the tests call this instead of trusting whatever binary happens to be on disk.
+pub fn build_binaries(release: bool) -> anyhow::Result<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("devstack lives inside the workspace")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(workspace)
+        .args(["build", "--quiet", "--bins"]);
+    for binary in BINARIES {
+        command.args(["-p", binary]);
+    }
+    if release {
+        command.arg("--release");
+    }
+    let status = command.status().context("cannot run cargo")?;
+    if !status.success() {
+        bail!("cargo build of {BINARIES:?} failed: {status}");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    Ok(target.join(if release { "release" } else { "debug" }))
+}
+
+/// A running binary whose stderr (its log) is copied to a file and watched for the line
+/// that announces its listening address.
+pub struct Process {
+    name: String,
+    child: Child,
+    log_path: PathBuf,
+    addr: Option<SocketAddr>,
+    addr_rx: mpsc::Receiver<SocketAddr>,
+}
+
+impl Process {
+    /// Starts `binary` with `args` and `envs`, logging to `log_path` (appended, so a
+    /// restarted process keeps one log). It shares this process's group, so an interrupted
+    /// test run takes it down too.
+    pub fn spawn(
+        binary: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        log_path: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::start(binary, args, envs, log_path, false)
+    }
+
+    /// Like [`Process::spawn`], but in a process group of its own, so a Ctrl-C in the
+    /// terminal reaches only the caller, which then stops its children in order.
+    pub fn spawn_in_own_group(
+        binary: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        log_path: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::start(binary, args, envs, log_path, true)
+    }
+
+    fn start(
+        binary: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        log_path: &Path,
+        own_group: bool,
+    ) -> anyhow::Result<Self> {
+        let name = binary
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut log = File::options()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let mut command = Command::new(binary);
+        if own_group {
+            command.process_group(0);
+        }
+        let mut child = command
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let stderr = child.stderr.take().context("stderr is piped")?;
+        let (addr_tx, addr_rx) = mpsc::channel();
+        // The pipe must be drained for as long as the process lives, or it blocks on a full
+        // pipe; a thread copies every line to the log file.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = listening_addr(&line) {
+                    let _ = addr_tx.send(addr);
+                }
+                let _ = writeln!(log, "{line}");
+            }
+        });
+        Ok(Self {
+            name,
+            child,
+            log_path: log_path.to_owned(),
+            addr: None,
+            addr_rx,
+        })
+    }
+
+    /// The process's name (its binary's file name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its operating-system process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Where its log is written.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Waits for the address the process logs once it listens.
+    pub fn listening_addr(&mut self, timeout: Duration) -> anyhow::Result<SocketAddr> {
+        if let Some(addr) = self.addr {
+            return Ok(addr);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.addr_rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(addr) => {
+                    self.addr = Some(addr);
+                    return Ok(addr);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    bail!(
+                        "{} exited before listening; see {}",
+                        self.name,
+                        self.log_path.display()
+                    )
+                }
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "{} exited with {status} before listening; see {}",
+                    self.name,
+                    self.log_path.display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not listen within {timeout:?}; see {}",
+                    self.name,
+                    self.log_path.display()
+                );
+            }
+        }
+    }
+
+    /// Sends a signal: SIGKILL for a crash, SIGTERM for a polite stop.
+    pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        let pid = i32::try_from(self.child.id()).context("pid out of range")?;
+        nix::sys::signal::kill(Pid::from_raw(pid), signal)
+            .with_context(|| format!("cannot send {signal} to {}", self.name))
+    }
+
+    /// Kills the process with SIGKILL (no chance to clean up, like a crash) and reaps it.
+    pub fn kill(&mut self) -> anyhow::Result<ExitStatus> {
+        self.signal(Signal::SIGKILL)?;
+        Ok(self.child.wait()?)
+    }
+
+    /// Returns the exit status if the process has ended.
+    pub fn try_wait(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
+    /// Waits up to `timeout` for the process to end by itself.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> anyhow::Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Extracts `ADDR` from a log line carrying `addr=ADDR`.
+fn listening_addr(line: &str) -> Option<SocketAddr> {
+    if !line.contains("listening") {
+        return None;
+    }
+    let rest = &line[line.find("addr=")? + "addr=".len()..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// Waits until the gRPC health service at `addr` reports `service` as SERVING.
+pub async fn wait_until_serving(
+    addr: SocketAddr,
+    service: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last_error = String::new();
+    while Instant::now() < deadline {
+        match check_health(addr, service).await {
+            Ok(ServingStatus::Serving) => return Ok(()),
+            Ok(status) => last_error = format!("status {status:?}"),
+            Err(err) => last_error = format!("{err:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{service} at {addr} not SERVING within {timeout:?}: {last_error}")
+}
+
+async fn check_health(addr: SocketAddr, service: &str) -> anyhow::Result<ServingStatus> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await?;
+    let mut client = HealthClient::new(channel);
+    let response = client
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await?;
+    Ok(response.into_inner().status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listening_line_yields_the_address() {
+        let line = "2026-11-30T14:20:53.907653Z  INFO student_svc: student-svc listening addr=127.0.0.1:50051";
+        assert_eq!(
+            listening_addr(line),
+            Some("127.0.0.1:50051".parse().expect("addr"))
+        );
+        assert_eq!(listening_addr("INFO relay running users_url=x"), None);
+    }
+}

@@ -1,0 +1,63 @@
+//! `cargo run -p devstack`: builds the three binaries, starts them on the embedded default
+//! (SQLite files under ./data/), waits until both services are healthy, and stops all three
+//! on Ctrl-C.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::bail;
+use devstack::{Process, build_binaries, wait_until_serving};
+use nix::sys::signal::Signal;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let bin = build_binaries(false)?;
+    std::fs::create_dir_all("data")?;
+    let mut processes = Vec::new();
+    for (name, service) in [
+        ("users-svc", Some("users.v1.UsersService")),
+        ("student-svc", Some("student.v1.StudentService")),
+        ("relay", None),
+    ] {
+        let log = Path::new("data").join(format!("{name}.log"));
+        let mut process = Process::spawn_in_own_group(&bin.join(name), &[], &[], &log)?;
+        if let Some(service) = service {
+            let addr = process.listening_addr(Duration::from_secs(30))?;
+            wait_until_serving(addr, service, Duration::from_secs(30)).await?;
+            println!("{name:<12} healthy on {addr}  (log: {})", log.display());
+        } else {
+            println!("{name:<12} running           (log: {})", log.display());
+        }
+        processes.push(process);
+    }
+    println!("all three are up; press Ctrl-C to stop them");
+
+    let outcome = tokio::select! {
+        _ = tokio::signal::ctrl_c() => Ok(()),
+        name = watch_for_exit(&mut processes) => Err(name),
+    };
+    for process in processes.iter().rev() {
+        let _ = process.signal(Signal::SIGTERM);
+    }
+    for process in &mut processes {
+        if process.wait_timeout(Duration::from_secs(10))?.is_none() {
+            process.kill()?;
+        }
+        println!("{} stopped", process.name());
+    }
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(name) => bail!("{name} exited unexpectedly; see data/{name}.log"),
+    }
+}
+
+/// Returns the name of the first process that ends on its own.
+async fn watch_for_exit(processes: &mut [Process]) -> String {
+    loop {
+        for process in processes.iter_mut() {
+            if let Ok(Some(_)) = process.try_wait() {
+                return process.name().to_owned();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

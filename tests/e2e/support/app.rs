@@ -1,0 +1,98 @@
+//! Both services in-process, each on its own port 0 listener, with typed clients.
+
+use std::{net::SocketAddr, time::Duration};
+
+use proto::{
+    student::v1::student_service_client::StudentServiceClient,
+    users::v1::users_service_client::UsersServiceClient,
+};
+use relay::{Relay, RunConfig, users_client::UsersClient};
+use sea_orm::DatabaseConnection;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::{Backend, TestDatabases};
+
+/// The system minus the relay process: both services running in this test's runtime.
+pub struct TestApp {
+    pub backend: Backend,
+    pub student: StudentServiceClient<Channel>,
+    pub users: UsersServiceClient<Channel>,
+    pub student_addr: SocketAddr,
+    pub users_addr: SocketAddr,
+    pub student_db: DatabaseConnection,
+    pub users_db: DatabaseConnection,
+    shutdown: CancellationToken,
+    // Dropped last: the databases outlive every connection to them.
+    pub dbs: TestDatabases,
+}
+
+/// Starts both services on fresh databases; `None` when the backend is not configured.
+pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
+    let dbs = TestDatabases::create(backend).await?;
+    let shutdown = CancellationToken::new();
+
+    let student_db = student_svc::open_database(&dbs.student_url)
+        .await
+        .expect("open Student DB");
+    let users_db = users_svc::open_database(&dbs.users_url)
+        .await
+        .expect("open Users DB");
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let student_addr = listener.local_addr().expect("addr");
+    tokio::spawn(student_svc::run(
+        listener,
+        student_db.clone(),
+        shutdown.clone(),
+    ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let users_addr = listener.local_addr().expect("addr");
+    tokio::spawn(users_svc::run(listener, users_db.clone(), shutdown.clone()));
+
+    Some(TestApp {
+        backend,
+        student: StudentServiceClient::new(channel(student_addr)),
+        users: UsersServiceClient::new(channel(users_addr)),
+        student_addr,
+        users_addr,
+        student_db,
+        users_db,
+        shutdown,
+        dbs,
+    })
+}
+
+impl TestApp {
+    /// A relay over this app's Student DB, delivering to this app's Users service.
+    pub fn relay(&self) -> Relay {
+        self.relay_to(&format!("http://{}", self.users_addr))
+    }
+
+    /// A relay over this app's Student DB, delivering to `users_url`.
+    pub fn relay_to(&self, users_url: &str) -> Relay {
+        let config = RunConfig {
+            call_timeout: Duration::from_secs(2),
+            ..RunConfig::default()
+        };
+        Relay {
+            db: self.student_db.clone(),
+            users: UsersClient::new(users_url, config.call_timeout).expect("users client"),
+            config,
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A lazily connecting channel: the server is already listening.
+fn channel(addr: SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy()
+}

@@ -1,0 +1,63 @@
+//! Test harness: fresh databases, in-process servers, real processes, and the invariants
+//! every scenario ends by checking.
+
+pub mod app;
+pub mod databases;
+pub mod invariants;
+pub mod stack;
+
+use std::{future::Future, time::Duration};
+
+pub use app::{TestApp, spawn_app};
+pub use databases::{Backend, TestDatabases};
+use proto::student::v1::CreateStudentRequest;
+
+/// Declares a test per backend for each listed scenario `async fn NAME(backend: Backend)`:
+/// `NAME::sqlite` and `NAME::postgres`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$scenario($crate::support::Backend::Sqlite).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$scenario($crate::support::Backend::Postgres).await
+            }
+        }
+    )*};
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails the test after `timeout`
+/// saying what was awaited. This replaces every sleep: a test waits for a condition.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A valid CreateStudent request, distinct for each `n`.
+pub fn student_request(n: usize) -> CreateStudentRequest {
+    CreateStudentRequest {
+        first_name: format!("Ana{n}"),
+        last_name: "Pérez".to_owned(),
+        email: format!("ana.perez.{n}@example.edu"),
+        document_number: format!("DOC-{n:05}"),
+        idempotency_key: None,
+    }
+}

@@ -1,0 +1,334 @@
+//! users-svc through its gRPC surface: the inbox makes CreateUser idempotent.
+
+use proto::users::v1::{CreateUserRequest, GetUserRequest};
+use sea_orm::EntityTrait;
+use tonic::{Code, Request, metadata::MetadataValue};
+use users_svc::entity::{
+    inbox::{self, SavedOutcome},
+    users,
+};
+use uuid::Uuid;
+
+use crate::{
+    on_both_backends,
+    support::{Backend, invariants::users_and_inbox_rows, spawn_app},
+};
+
+on_both_backends!(
+    first_delivery_creates_one_user_and_one_inbox_row,
+    repeated_delivery_returns_saved_user_id,
+    racing_deliveries_with_one_key_create_one_user,
+    key_reused_with_another_request_is_rejected_and_writes_nothing,
+    replay_only_request_never_creates,
+    invalid_create_user_fields_are_named_and_nothing_is_stored,
+    another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays,
+    get_user_returns_the_user_or_names_the_problem,
+);
+
+fn request(key: &str) -> CreateUserRequest {
+    CreateUserRequest {
+        idempotency_key: key.to_owned(),
+        email: "ana.perez@example.edu".to_owned(),
+        first_name: "Ana".to_owned(),
+        last_name: "Pérez".to_owned(),
+        document_number: "DOC-1001".to_owned(),
+        student_id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".to_owned(),
+    }
+}
+
+fn replay_only(message: CreateUserRequest) -> Request<CreateUserRequest> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "idempotency-replay-only",
+        MetadataValue::from_static("true"),
+    );
+    request
+}
+
+async fn first_delivery_creates_one_user_and_one_inbox_row(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let response = app
+        .users
+        .clone()
+        .create_user(request("key-1"))
+        .await
+        .expect("created");
+    assert!(
+        response.metadata().get("idempotent-replayed").is_none(),
+        "first execution is not a replay"
+    );
+    let user_id = Uuid::parse_str(&response.into_inner().user_id).expect("uuid user id");
+
+    let user = users::Entity::find_by_id(user_id)
+        .one(&app.users_db)
+        .await
+        .expect("query")
+        .expect("user stored");
+    assert_eq!(
+        (
+            user.email.as_str(),
+            user.first_name.as_str(),
+            user.last_name.as_str(),
+            user.document_number.as_str()
+        ),
+        ("ana.perez@example.edu", "Ana", "Pérez", "DOC-1001")
+    );
+    assert_eq!(
+        user.student_id.to_string(),
+        "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a"
+    );
+    assert!(user.enabled);
+    let entry = inbox::Entity::find_by_id("key-1".to_owned())
+        .one(&app.users_db)
+        .await
+        .expect("query")
+        .expect("inbox row");
+    assert_eq!(entry.request_hash.len(), 64);
+    assert_eq!(
+        serde_json::from_value::<SavedOutcome>(entry.result).expect("outcome"),
+        SavedOutcome::Created { user_id }
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+async fn repeated_delivery_returns_saved_user_id(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let first = users
+        .create_user(request("key-1"))
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id;
+    for _ in 0..3 {
+        let again = users.create_user(request("key-1")).await.expect("replayed");
+        assert_eq!(
+            again
+                .metadata()
+                .get("idempotent-replayed")
+                .map(|v| v.to_str().ok()),
+            Some(Some("true"))
+        );
+        assert_eq!(again.into_inner().user_id, first);
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+async fn racing_deliveries_with_one_key_create_one_user(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let calls = (0..20).map(|_| {
+        let mut users = app.users.clone();
+        async move { users.create_user(request("raced-key")).await }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let ids: Vec<String> = answers
+        .into_iter()
+        .map(|answer| answer.expect("every racer gets OK").into_inner().user_id)
+        .collect();
+    assert!(
+        ids.iter().all(|id| *id == ids[0]),
+        "every racer gets the same user id: {ids:?}"
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+async fn key_reused_with_another_request_is_rejected_and_writes_nothing(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let first = users
+        .create_user(request("key-1"))
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id;
+    let mut other = request("key-1");
+    other.email = "someone.else@example.edu".to_owned();
+    let status = users.create_user(other).await.expect_err("key reused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        status.message(),
+        "idempotency_key was already used with a different request"
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+    // The original request still gets its saved answer.
+    let again = users
+        .create_user(request("key-1"))
+        .await
+        .expect("replayed")
+        .into_inner()
+        .user_id;
+    assert_eq!(again, first);
+}
+
+async fn replay_only_request_never_creates(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let status = users
+        .create_user(replay_only(request("unknown")))
+        .await
+        .expect_err("unknown key");
+    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+
+    let created = users
+        .create_user(request("known"))
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id;
+    let replayed = users
+        .create_user(replay_only(request("known")))
+        .await
+        .expect("from inbox");
+    assert_eq!(
+        replayed
+            .metadata()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().ok()),
+        Some(Some("true"))
+    );
+    assert_eq!(replayed.into_inner().user_id, created);
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+async fn invalid_create_user_fields_are_named_and_nothing_is_stored(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let cases: Vec<(&str, fn(&mut CreateUserRequest), &str)> = vec![
+        (
+            "idempotency_key",
+            |r| r.idempotency_key.clear(),
+            "invalid idempotency_key: must not be empty",
+        ),
+        (
+            "idempotency_key",
+            |r| r.idempotency_key = "has space".into(),
+            "invalid idempotency_key: must contain only letters, digits and '.', '_', ':', '-'",
+        ),
+        (
+            "idempotency_key",
+            |r| r.idempotency_key = "k".repeat(129),
+            "invalid idempotency_key: must be at most 128 characters",
+        ),
+        (
+            "email",
+            |r| r.email = "ana@".into(),
+            "invalid email: must be an e-mail address like name@example.org",
+        ),
+        (
+            "first_name",
+            |r| r.first_name = " Ana".into(),
+            "invalid first_name: must not start or end with whitespace",
+        ),
+        (
+            "last_name",
+            |r| r.last_name = "P\u{0}rez".into(),
+            "invalid last_name: must not contain control characters",
+        ),
+        (
+            "last_name",
+            |r| r.last_name = "x".repeat(101),
+            "invalid last_name: must be at most 100 characters",
+        ),
+        (
+            "document_number",
+            |r| r.document_number = "1001;".into(),
+            "invalid document_number: must contain only letters, digits and '-'",
+        ),
+        (
+            "student_id",
+            |r| r.student_id = "42".into(),
+            "invalid student_id: must be a hyphenated UUID",
+        ),
+    ];
+    for (field, spoil, message) in cases {
+        let mut bad = request("key-1");
+        spoil(&mut bad);
+        let status = app.users.clone().create_user(bad).await.expect_err(field);
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}");
+        assert_eq!(status.message(), message, "{field}");
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+}
+
+async fn another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    users
+        .create_user(request("first-key"))
+        .await
+        .expect("created");
+    let mut second = request("second-key");
+    second.student_id = "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".into();
+    for replayed in [false, true] {
+        let status = users
+            .create_user(second.clone())
+            .await
+            .expect_err("document number taken");
+        assert_eq!(status.code(), Code::AlreadyExists);
+        assert_eq!(
+            status.message(),
+            "document_number is already used by another enabled user"
+        );
+        assert_eq!(
+            status.metadata().get("idempotent-replayed").is_some(),
+            replayed
+        );
+    }
+    // One user, and two inbox rows: the second key's saved answer is the rejection.
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
+}
+
+async fn get_user_returns_the_user_or_names_the_problem(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let id = users
+        .create_user(request("key-1"))
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id;
+    let user = users
+        .get_user(GetUserRequest { id: id.clone() })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(
+        (user.id.as_str(), user.email.as_str(), user.enabled),
+        (id.as_str(), "ana.perez@example.edu", true)
+    );
+    assert_eq!(user.student_id, "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a");
+
+    let unknown = Uuid::now_v7().to_string();
+    let status = users
+        .get_user(GetUserRequest {
+            id: unknown.clone(),
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(status.message(), format!("user {unknown} not found"));
+    let status = users
+        .get_user(GetUserRequest { id: "nope".into() })
+        .await
+        .expect_err("malformed");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(status.message(), "invalid id: must be a hyphenated UUID");
+}
