@@ -11,8 +11,7 @@ use crate::{Relay, RunConfig, replay, status, users_client::UsersClient};
 #[command(
     name = "relay",
     about = "Delivers the Student outbox to the Users service",
-    version,
-    args_conflicts_with_subcommands = true
+    version
 )]
 pub struct Cli {
     /// Student DB (the relay works on Student's side).
@@ -33,14 +32,11 @@ pub struct Cli {
     pub users_url: String,
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Tuning of `run`, when no subcommand is given.
-    #[command(flatten)]
-    pub run: RunConfig,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Deliver pending outbox rows until stopped (the default).
+    /// Deliver pending outbox rows until stopped (the default, with default tuning).
     Run(RunConfig),
     /// Deliver the stored intents of done rows again, answered only from Users' inbox.
     Replay(ReplayArgs),
@@ -75,7 +71,7 @@ impl ReplayArgs {
 /// Runs the parsed command line and returns the process exit code.
 pub async fn execute(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        None => run(&cli.database_url, &cli.users_url, cli.run).await,
+        None => run(&cli.database_url, &cli.users_url, RunConfig::default()).await,
         Some(Command::Run(config)) => run(&cli.database_url, &cli.users_url, config).await,
         Some(Command::Replay(args)) => {
             replay(&cli.database_url, &cli.users_url, &args.selection()).await

@@ -3,5 +3,7 @@
 
 mod support;
 
+mod processes;
+mod relay_delivery;
 mod student_service;
 mod users_service;

@@ -102,6 +102,20 @@ impl Stack {
         StudentServiceClient::new(channel)
     }
 
+    /// Fails the test if a process that should be running has exited.
+    pub fn assert_running(&mut self) {
+        let processes = [
+            Some(&mut self.users),
+            self.student.as_mut(),
+            self.relay.as_mut(),
+        ];
+        for process in processes.into_iter().flatten() {
+            if let Ok(Some(status)) = process.try_wait() {
+                panic!("{} exited with {status}", process.name());
+            }
+        }
+    }
+
     /// Kills the relay with SIGKILL, as a crash would.
     pub fn kill_relay(&mut self) {
         if let Some(mut relay) = self.relay.take() {

@@ -1,0 +1,192 @@
+//! The three real binaries as processes: started in an awkward order, killed with SIGKILL,
+//! restarted; every student still ends linked exactly once.
+
+use std::time::Duration;
+
+use proto::student::v1::{GetStudentRequest, UserLinkStatus};
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use student_svc::entity::{outbox, students};
+
+use crate::{
+    on_both_backends,
+    support::{
+        Backend, eventually,
+        invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
+        stack::Stack,
+        student_request,
+    },
+};
+
+on_both_backends!(
+    three_binaries_link_every_student_and_replay_creates_nothing,
+    a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing,
+    users_svc_killed_and_restarted_delays_but_loses_nothing,
+);
+
+/// How long a backlog of a few dozen students may take to drain on a loaded CI machine.
+const LINK_DEADLINE: Duration = Duration::from_secs(60);
+
+async fn create_students(stack: &Stack, range: std::ops::Range<usize>) -> Vec<String> {
+    let mut client = stack.student_client();
+    let mut ids = Vec::new();
+    for n in range {
+        ids.push(
+            client
+                .create_student(student_request(n))
+                .await
+                .expect("created")
+                .into_inner()
+                .id,
+        );
+    }
+    ids
+}
+
+async fn linked_students(stack: &Stack) -> u64 {
+    students::Entity::find()
+        .filter(students::Column::UserId.is_not_null())
+        .count(&stack.student_db)
+        .await
+        .expect("count linked")
+}
+
+async fn wait_until_all_linked(stack: &mut Stack, expected: u64) {
+    let deadline = tokio::time::Instant::now() + LINK_DEADLINE;
+    while linked_students(stack).await != expected {
+        stack.assert_running();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {LINK_DEADLINE:?} waiting for {expected} students linked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let ids = create_students(&stack, 0..20).await;
+    wait_until_all_linked(&mut stack, 20).await;
+    let links =
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 20).await;
+    let mut client = stack.student_client();
+    for id in &ids {
+        let student = client
+            .get_student(GetStudentRequest { id: id.clone() })
+            .await
+            .expect("found")
+            .into_inner();
+        assert_eq!(student.user_link_status(), UserLinkStatus::Linked);
+        assert_eq!(
+            student.user_id,
+            links[&id.parse().expect("uuid")].to_string()
+        );
+    }
+
+    let replay = stack.relay_command(&["replay", "--all"]);
+    let stdout = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(
+        replay.status.code(),
+        Some(0),
+        "replay output:\n{stdout}\n{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 21);
+    for (line, row) in lines.iter().zip(outbox_rows_in_id_order(&stack).await) {
+        let expected = format!(
+            "key={} student={} user={} from_inbox=true matches_link=true",
+            row.idempotency_key, row.aggregate_id, links[&row.aggregate_id]
+        );
+        assert_eq!(*line, expected);
+    }
+    assert_eq!(lines[20], "replayed=20 matched=20 mismatched=0 errors=0");
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (20, 20),
+        "replay created nothing"
+    );
+
+    let status = stack.relay_command(&["status"]);
+    assert_eq!(status.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&status.stdout),
+        "pending 0\nprocessing 0\ndone 20\nfailed 0\noldest_pending_age_seconds 0\n"
+    );
+}
+
+async fn outbox_rows_in_id_order(stack: &Stack) -> Vec<outbox::Model> {
+    use sea_orm::QueryOrder as _;
+    outbox::Entity::find()
+        .order_by_asc(outbox::Column::Id)
+        .all(&stack.student_db)
+        .await
+        .expect("outbox")
+}
+
+async fn a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    // A backlog far larger than one batch, then a relay killed with SIGKILL right after its
+    // first link: it dies holding calls in flight, some answered by Users but not recorded.
+    stack.kill_relay();
+    let total = 200;
+    create_students(&stack, 0..total).await;
+    assert_eq!(linked_students(&stack).await, 0, "no relay, no links");
+    stack.start_relay();
+    while linked_students(&stack).await == 0 {
+        stack.assert_running();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stack.kill_relay();
+    let linked_at_kill = linked_students(&stack).await;
+    let (users_at_kill, _) = users_and_inbox_rows(&stack.users_db).await;
+    assert!(
+        linked_at_kill < total as u64,
+        "the relay died with work left ({linked_at_kill} of {total} linked)"
+    );
+    assert!(users_at_kill >= linked_at_kill);
+    eprintln!("killed the relay with {linked_at_kill} linked and {users_at_kill} users created");
+
+    stack.start_relay();
+    wait_until_all_linked(&mut stack, total as u64).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, total).await;
+}
+
+async fn users_svc_killed_and_restarted_delays_but_loses_nothing(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    create_students(&stack, 0..5).await;
+    wait_until_all_linked(&mut stack, 5).await;
+
+    stack.kill_users();
+    create_students(&stack, 5..15).await;
+    // The relay keeps trying: attempts are recorded, rows stay pending, nothing fails.
+    eventually(
+        "failed attempts recorded while Users is down",
+        LINK_DEADLINE,
+        || async {
+            let retried = outbox::Entity::find()
+                .filter(outbox::Column::Attempts.gt(0))
+                .count(&stack.student_db)
+                .await
+                .expect("count");
+            (retried > 0).then_some(())
+        },
+    )
+    .await;
+    let failed = outbox::Entity::find()
+        .filter(outbox::Column::Status.eq(outbox::OutboxStatus::Failed))
+        .count(&stack.student_db)
+        .await
+        .expect("count");
+    assert_eq!(failed, 0, "a Users outage fails no row");
+    assert_eq!(linked_students(&stack).await, 5);
+
+    stack.restart_users().await;
+    wait_until_all_linked(&mut stack, 15).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 15).await;
+}

@@ -1,0 +1,355 @@
+//! The relay's delivery step, driven directly against in-process services.
+
+use std::time::Duration;
+
+use proto::{
+    student::v1::{GetStudentRequest, UserLinkStatus},
+    users::v1::CreateUserRequest,
+};
+use relay::{BatchOutcome, replay};
+use sea_orm::{EntityTrait, QueryOrder};
+use student_svc::entity::outbox::{self, CreateUserPayload, OutboxStatus};
+use uuid::Uuid;
+
+use crate::{
+    on_both_backends,
+    support::{
+        Backend, TestApp,
+        invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
+        spawn_app, student_request,
+    },
+};
+
+on_both_backends!(
+    one_batch_links_every_pending_student,
+    a_redelivery_after_a_lost_answer_is_answered_from_the_inbox,
+    users_down_keeps_rows_pending_with_backoff,
+    a_rejection_fails_the_row_and_shows_on_the_student,
+    replay_answers_from_the_inbox_and_creates_nothing,
+    status_counts_rows_per_status,
+);
+
+async fn create_students(app: &TestApp, count: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for n in 0..count {
+        let student = app
+            .student
+            .clone()
+            .create_student(student_request(n))
+            .await
+            .expect("created");
+        ids.push(student.into_inner().id);
+    }
+    ids
+}
+
+async fn only_row(app: &TestApp) -> outbox::Model {
+    let mut rows = outbox::Entity::find()
+        .all(&app.student_db)
+        .await
+        .expect("outbox");
+    assert_eq!(rows.len(), 1);
+    rows.remove(0)
+}
+
+async fn one_batch_links_every_pending_student(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let ids = create_students(&app, 5).await;
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!(
+        outcome,
+        BatchOutcome {
+            due: 5,
+            delivered: 5,
+            retried: 0,
+            failed: 0
+        }
+    );
+    let links = assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 5).await;
+
+    for id in ids {
+        let student = app
+            .student
+            .clone()
+            .get_student(GetStudentRequest { id: id.clone() })
+            .await
+            .expect("found")
+            .into_inner();
+        assert_eq!(student.user_link_status(), UserLinkStatus::Linked);
+        assert_eq!(
+            student.user_id,
+            links[&Uuid::parse_str(&id).expect("uuid")].to_string()
+        );
+    }
+    // Nothing left: a second batch finds no work and changes nothing.
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch"),
+        BatchOutcome::default()
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (5, 5));
+}
+
+async fn a_redelivery_after_a_lost_answer_is_answered_from_the_inbox(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 1).await;
+    let row = only_row(&app).await;
+    // Users executes the row's request, but its answer never reaches the Student side (a
+    // relay that died after Users committed, or a timeout).
+    let payload: CreateUserPayload = serde_json::from_value(row.payload.clone()).expect("payload");
+    let lost = app
+        .users
+        .clone()
+        .create_user(CreateUserRequest {
+            idempotency_key: row.idempotency_key.clone(),
+            email: payload.email,
+            first_name: payload.first_name,
+            last_name: payload.last_name,
+            document_number: payload.document_number,
+            student_id: payload.student_id.to_string(),
+        })
+        .await
+        .expect("executed")
+        .into_inner()
+        .user_id;
+    assert_eq!(only_row(&app).await.status, OutboxStatus::Pending);
+
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!(outcome.delivered, 1);
+    let links = assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+    assert_eq!(
+        links[&row.aggregate_id].to_string(),
+        lost,
+        "the student is linked to the user created first"
+    );
+}
+
+async fn users_down_keeps_rows_pending_with_backoff(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 1).await;
+    // A port nobody listens on: bind one, then free it.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let before = platform::db::now();
+    let outcome = app
+        .relay_to(&format!("http://{closed}"))
+        .deliver_batch()
+        .await
+        .expect("batch");
+    assert_eq!(
+        outcome,
+        BatchOutcome {
+            due: 1,
+            delivered: 0,
+            retried: 1,
+            failed: 0
+        }
+    );
+
+    let row = only_row(&app).await;
+    assert_eq!((row.status, row.attempts), (OutboxStatus::Pending, 1));
+    assert!(
+        row.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("UNAVAILABLE: ")),
+        "{:?}",
+        row.last_error
+    );
+    assert!(
+        row.available_at >= before,
+        "backoff moves available_at forward"
+    );
+    assert!(
+        row.available_at <= platform::db::now() + Duration::from_secs(1),
+        "first backoff is at most the base delay"
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+
+    // Once Users is back and the backoff has passed, the same row is delivered.
+    let delivered = crate::support::eventually(
+        "the row to be delivered after backoff",
+        Duration::from_secs(10),
+        || async {
+            let outcome = app.relay().deliver_batch().await.expect("batch");
+            (outcome.delivered == 1).then_some(outcome)
+        },
+    )
+    .await;
+    assert_eq!(delivered.retried, 0);
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+}
+
+async fn a_rejection_fails_the_row_and_shows_on_the_student(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_students(&app, 1).await.remove(0);
+    // Another enabled user already holds the document number (created directly in Users).
+    app.users
+        .clone()
+        .create_user(CreateUserRequest {
+            idempotency_key: "someone-else".into(),
+            email: "other@example.edu".into(),
+            first_name: "Other".into(),
+            last_name: "Person".into(),
+            document_number: student_request(0).document_number,
+            student_id: Uuid::now_v7().to_string(),
+        })
+        .await
+        .expect("the other user");
+
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!(
+        outcome,
+        BatchOutcome {
+            due: 1,
+            delivered: 0,
+            retried: 0,
+            failed: 1
+        }
+    );
+    let row = only_row(&app).await;
+    assert_eq!((row.status, row.attempts), (OutboxStatus::Failed, 1));
+    let expected_error = "ALREADY_EXISTS: document_number is already used by another enabled user";
+    assert_eq!(row.last_error.as_deref(), Some(expected_error));
+
+    let student = app
+        .student
+        .clone()
+        .get_student(GetStudentRequest { id })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(student.user_link_status(), UserLinkStatus::Failed);
+    assert_eq!(student.link_error, expected_error);
+    assert_eq!(student.user_id, "");
+    // A failed row is never picked up again.
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch"),
+        BatchOutcome::default()
+    );
+    // One user (the other one), two inbox rows (its key, and the saved rejection).
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
+}
+
+async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let ids = create_students(&app, 3).await;
+    app.relay().deliver_batch().await.expect("batch");
+    let links = assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 3).await;
+    let relay = app.relay();
+
+    let mut out = Vec::new();
+    let summary = replay::replay(
+        &app.student_db,
+        &relay.users,
+        &replay::Selection::All,
+        &mut out,
+    )
+    .await
+    .expect("replay");
+    assert_eq!(
+        summary,
+        replay::ReplaySummary {
+            replayed: 3,
+            matched: 3,
+            mismatched: 0,
+            errors: 0
+        }
+    );
+    assert_eq!(summary.exit_code(), 0);
+    let rows = outbox::Entity::find()
+        .order_by_asc(outbox::Column::Id)
+        .all(&app.student_db)
+        .await
+        .expect("outbox");
+    let mut expected: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            format!(
+                "key={} student={} user={} from_inbox=true matches_link=true",
+                row.idempotency_key, row.aggregate_id, links[&row.aggregate_id]
+            )
+        })
+        .collect();
+    expected.push("replayed=3 matched=3 mismatched=0 errors=0".into());
+    assert_eq!(
+        String::from_utf8(out)
+            .expect("utf-8")
+            .lines()
+            .collect::<Vec<_>>(),
+        expected
+    );
+    assert_eq!(
+        users_and_inbox_rows(&app.users_db).await,
+        (3, 3),
+        "a replay creates nothing"
+    );
+
+    // One student, by id; and an unknown key is an error (exit code 2).
+    let mut out = Vec::new();
+    let one = Uuid::parse_str(&ids[1]).expect("uuid");
+    let summary = replay::replay(
+        &app.student_db,
+        &relay.users,
+        &replay::Selection::Student(one),
+        &mut out,
+    )
+    .await
+    .expect("replay");
+    assert_eq!((summary.replayed, summary.matched), (1, 1));
+    let mut out = Vec::new();
+    let summary = replay::replay(
+        &app.student_db,
+        &relay.users,
+        &replay::Selection::Key("nope".into()),
+        &mut out,
+    )
+    .await
+    .expect("replay");
+    assert_eq!(summary.exit_code(), 2);
+    assert_eq!(
+        String::from_utf8(out).expect("utf-8"),
+        "no delivered outbox row matches --key nope\nreplayed=0 matched=0 mismatched=0 errors=1\n"
+    );
+}
+
+async fn status_counts_rows_per_status(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let report = relay::status::read(&app.student_db).await.expect("status");
+    assert_eq!(report, relay::status::OutboxStatusReport::default());
+
+    create_students(&app, 2).await;
+    let report = relay::status::read(&app.student_db).await.expect("status");
+    assert_eq!(
+        (
+            report.pending,
+            report.processing,
+            report.done,
+            report.failed
+        ),
+        (2, 0, 0, 0)
+    );
+    assert!(report.oldest_pending_age_seconds <= 5);
+
+    app.relay().deliver_batch().await.expect("batch");
+    let report = relay::status::read(&app.student_db).await.expect("status");
+    assert_eq!(
+        report,
+        relay::status::OutboxStatusReport {
+            done: 2,
+            ..Default::default()
+        }
+    );
+}
