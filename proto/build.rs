@@ -10,12 +10,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {
         println!("cargo:rerun-if-changed=proto/{proto}");
     }
-    let descriptors = protox::compile(PROTOS, ["proto"])?;
-
-    // Reflection serves this set; `compile_fds` does not write it, so encode it here.
+    // Reflection serves one set per service, so each server lists only what it serves;
+    // `compile_fds` does not write descriptor sets, so encode them here.
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    fs::write(out_dir.join("descriptor.bin"), descriptors.encode_to_vec())?;
+    for (proto, name) in PROTOS
+        .iter()
+        .zip(["student_descriptor", "users_descriptor"])
+    {
+        let set = protox::compile([proto], ["proto"])?;
+        fs::write(out_dir.join(format!("{name}.bin")), set.encode_to_vec())?;
+    }
 
+    let descriptors = protox::compile(PROTOS, ["proto"])?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }

@@ -7,9 +7,13 @@ use std::{path::Path, time::Duration};
 use anyhow::bail;
 use devstack::{Process, build_binaries, wait_until_serving};
 use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Registered first, so a Ctrl-C at any moment reaches the handler below.
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
     let bin = build_binaries(false)?;
     std::fs::create_dir_all("data")?;
     let mut processes = Vec::new();
@@ -32,13 +36,14 @@ async fn main() -> anyhow::Result<()> {
     println!("all three are up; press Ctrl-C to stop them");
 
     let outcome = tokio::select! {
-        _ = tokio::signal::ctrl_c() => Ok(()),
+        _ = interrupt.recv() => Ok(()),
+        _ = terminate.recv() => Ok(()),
         name = watch_for_exit(&mut processes) => Err(name),
     };
     for process in processes.iter().rev() {
         let _ = process.signal(Signal::SIGTERM);
     }
-    for process in &mut processes {
+    for process in processes.iter_mut().rev() {
         if process.wait_timeout(Duration::from_secs(10))?.is_none() {
             process.kill()?;
         }

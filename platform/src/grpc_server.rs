@@ -17,23 +17,35 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 /// How often the health service re-checks that the database answers.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Serves `routes` with health and reflection on `listener` until `shutdown` is cancelled,
-/// then lets in-flight calls finish.
+/// A service to serve: its routes, its full name (for health) and its file descriptor set
+/// (for reflection).
+pub struct ServiceDefinition {
+    pub routes: Routes,
+    pub name: &'static str,
+    pub file_descriptor_set: &'static [u8],
+}
+
+/// Serves a service with health and reflection on `listener` until `shutdown` is
+/// cancelled, then lets in-flight calls finish.
 ///
 /// Health reports `service_name` (and the server as a whole, `""`) as SERVING while the
 /// database answers and NOT_SERVING while it does not.
 pub async fn serve(
     listener: TcpListener,
-    routes: Routes,
-    service_name: &'static str,
+    service: ServiceDefinition,
     db: DatabaseConnection,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let ServiceDefinition {
+        routes,
+        name: service_name,
+        file_descriptor_set,
+    } = service;
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let reflection_v1 = reflection()
+    let reflection_v1 = reflection(file_descriptor_set)
         .build_v1()
         .context("cannot build reflection v1")?;
-    let reflection_v1alpha = reflection()
+    let reflection_v1alpha = reflection(file_descriptor_set)
         .build_v1alpha()
         .context("cannot build reflection v1alpha")?;
 
@@ -59,11 +71,11 @@ pub async fn serve(
     served
 }
 
-/// Reflection over this project's services and the health service, so that grpcurl can
-/// call `grpc.health.v1.Health/Check` without .proto files too.
-fn reflection() -> tonic_reflection::server::Builder<'static> {
+/// Reflection over the served service and the health service, so that grpcurl can call
+/// `grpc.health.v1.Health/Check` without .proto files too.
+fn reflection(file_descriptor_set: &'static [u8]) -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(file_descriptor_set)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 

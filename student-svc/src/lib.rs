@@ -12,6 +12,7 @@ pub mod students;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
+use platform::grpc_server::ServiceDefinition;
 use proto::student::v1::student_service_server::StudentServiceServer;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
@@ -58,6 +59,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let service = StudentServiceServer::new(StudentApi::new(db.clone()))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let routes = Routes::new(service);
-    platform::grpc_server::serve(listener, routes, "student.v1.StudentService", db, shutdown).await
+    let definition = ServiceDefinition {
+        routes: Routes::new(service),
+        name: "student.v1.StudentService",
+        file_descriptor_set: proto::student::v1::FILE_DESCRIPTOR_SET,
+    };
+    platform::grpc_server::serve(listener, definition, db, shutdown).await
 }

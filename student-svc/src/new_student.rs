@@ -71,9 +71,11 @@ mod tests {
         assert_eq!(student.client_key.as_deref(), Some("enrol-1001"));
     }
 
+    type Spoil = fn(&mut CreateStudentRequest);
+
     #[test]
     fn each_invalid_field_is_named() {
-        let cases: [(fn(&mut CreateStudentRequest), &str); 5] = [
+        let cases: [(Spoil, &str); 5] = [
             (|r| r.first_name = String::new(), "first_name"),
             (|r| r.last_name = "x\u{7}".into(), "last_name"),
             (|r| r.email = "not-an-email".into(), "email"),

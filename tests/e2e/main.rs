@@ -4,6 +4,7 @@
 mod support;
 
 mod processes;
+mod reflection;
 mod relay_delivery;
 mod student_service;
 mod users_service;

@@ -209,7 +209,7 @@ async fn invalid_create_student_fields_are_named_and_nothing_is_stored(backend: 
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let cases: Vec<(&str, fn(&mut CreateStudentRequest), &str)> = vec![
+    let cases: Vec<(&str, Spoil, &str)> = vec![
         (
             "first_name",
             |r| r.first_name.clear(),
@@ -419,3 +419,6 @@ async fn health_reports_serving(backend: Backend) {
         assert_eq!(unknown.code(), Code::NotFound);
     }
 }
+
+/// Turns a valid request into one with a single invalid field.
+type Spoil = fn(&mut CreateStudentRequest);

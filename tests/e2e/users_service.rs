@@ -205,7 +205,7 @@ async fn invalid_create_user_fields_are_named_and_nothing_is_stored(backend: Bac
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let cases: Vec<(&str, fn(&mut CreateUserRequest), &str)> = vec![
+    let cases: Vec<(&str, Spoil, &str)> = vec![
         (
             "idempotency_key",
             |r| r.idempotency_key.clear(),
@@ -332,3 +332,6 @@ async fn get_user_returns_the_user_or_names_the_problem(backend: Backend) {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(status.message(), "invalid id: must be a hyphenated UUID");
 }
+
+/// Turns a valid request into one with a single invalid field.
+type Spoil = fn(&mut CreateUserRequest);

@@ -12,6 +12,7 @@ mod new_user;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
+use platform::grpc_server::ServiceDefinition;
 use proto::users::v1::users_service_server::UsersServiceServer;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
@@ -58,12 +59,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let service = UsersServiceServer::new(UsersApi::new(db.clone()))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-    platform::grpc_server::serve(
-        listener,
-        Routes::new(service),
-        "users.v1.UsersService",
-        db,
-        shutdown,
-    )
-    .await
+    let definition = ServiceDefinition {
+        routes: Routes::new(service),
+        name: "users.v1.UsersService",
+        file_descriptor_set: proto::users::v1::FILE_DESCRIPTOR_SET,
+    };
+    platform::grpc_server::serve(listener, definition, db, shutdown).await
 }

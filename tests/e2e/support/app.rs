@@ -16,7 +16,6 @@ use super::{Backend, TestDatabases};
 
 /// The system minus the relay process: both services running in this test's runtime.
 pub struct TestApp {
-    pub backend: Backend,
     pub student: StudentServiceClient<Channel>,
     pub users: UsersServiceClient<Channel>,
     pub student_addr: SocketAddr,
@@ -25,7 +24,7 @@ pub struct TestApp {
     pub users_db: DatabaseConnection,
     shutdown: CancellationToken,
     // Dropped last: the databases outlive every connection to them.
-    pub dbs: TestDatabases,
+    _databases: TestDatabases,
 }
 
 /// Starts both services on fresh databases; `None` when the backend is not configured.
@@ -52,7 +51,6 @@ pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
     tokio::spawn(users_svc::run(listener, users_db.clone(), shutdown.clone()));
 
     Some(TestApp {
-        backend,
         student: StudentServiceClient::new(channel(student_addr)),
         users: UsersServiceClient::new(channel(users_addr)),
         student_addr,
@@ -60,7 +58,7 @@ pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
         student_db,
         users_db,
         shutdown,
-        dbs,
+        _databases: dbs,
     })
 }
 

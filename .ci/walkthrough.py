@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Runs the README's grpcurl walk-through against the real binaries and checks its output.
+
+The walk-through is every ```console block between the markers
+<!-- walkthrough:start --> and <!-- walkthrough:end --> in README.md. A line starting with
+"$ " is a command (a trailing backslash continues it on the next line); the lines after it,
+up to the next command, are its expected output (stdout and stderr together). Commands run
+in order in one bash session, so variables carry over, from the repository root, while
+`cargo run -p devstack` (the README's start command) runs the system on a fresh ./data.
+
+Outputs are compared exactly after normalisation: each distinct UUID becomes <id-N>
+numbered in order of first appearance (so the same id must recur where the README shows the
+same id), and RFC 3339 timestamps become <timestamp>.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+START_COMMAND = ["cargo", "run", "-q", "-p", "devstack"]
+
+
+def parse_walkthrough(readme):
+    start = readme.index("<!-- walkthrough:start -->")
+    end = readme.index("<!-- walkthrough:end -->")
+    steps = []
+    for block in re.findall(r"```console\n(.*?)```", readme[start:end], re.S):
+        lines = block.splitlines()
+        i = 0
+        while i < len(lines):
+            if not lines[i].startswith("$ "):
+                raise SystemExit(f"walkthrough: output without a command: {lines[i]!r}")
+            command = lines[i][2:]
+            while command.endswith("\\"):
+                i += 1
+                command = command[:-1] + "\n" + lines[i]
+            i += 1
+            expected = []
+            while i < len(lines) and not lines[i].startswith("$ "):
+                expected.append(lines[i])
+                i += 1
+            steps.append((command, expected))
+    return steps
+
+
+class Normaliser:
+    def __init__(self):
+        self.ids = {}
+
+    def __call__(self, lines):
+        out = []
+        for line in lines:
+            line = UUID.sub(lambda m: self.ids.setdefault(m.group(0), f"<id-{len(self.ids) + 1}>"), line)
+            out.append(TIMESTAMP.sub("<timestamp>", line))
+        return out
+
+
+def run_steps(steps):
+    marker = "@@walkthrough-step-done@@"
+    script = []
+    for command, _ in steps:
+        script.append(f"{{ {command}\n}} 2>&1\necho {marker}\n")
+    result = subprocess.run(["bash", "-c", "".join(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    outputs = result.stdout.split(marker + "\n")
+    return [chunk.splitlines() for chunk in outputs[: len(steps)]], result.stderr
+
+
+def main():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        steps = parse_walkthrough(f.read())
+    if not steps:
+        raise SystemExit("walkthrough: no steps found in README.md")
+    shutil.rmtree(os.path.join(ROOT, "data"), ignore_errors=True)
+
+    stack = subprocess.Popen(START_COMMAND, cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        for line in stack.stdout:
+            print(f"devstack: {line.rstrip()}")
+            if "all three are up" in line:
+                break
+            if time.time() > deadline:
+                raise SystemExit("walkthrough: the system did not come up")
+        else:
+            raise SystemExit(f"walkthrough: devstack exited early with {stack.wait()}")
+
+        outputs, stderr = run_steps(steps)
+        if len(outputs) != len(steps):
+            print(stderr)
+            raise SystemExit(f"walkthrough: ran {len(outputs)} of {len(steps)} steps")
+        expected_norm, actual_norm = Normaliser(), Normaliser()
+        failures = 0
+        for (command, expected), actual in zip(steps, outputs):
+            want, got = expected_norm(expected), actual_norm(actual)
+            status = "ok" if want == got else "MISMATCH"
+            print(f"walkthrough: {status}: $ {command.splitlines()[0][:100]}")
+            if want != got:
+                failures += 1
+                print("  expected:\n    " + "\n    ".join(want))
+                print("  actual:\n    " + "\n    ".join(got))
+    finally:
+        # Ctrl-C, as a person would: devstack must stop all three and exit cleanly.
+        os.killpg(stack.pid, signal.SIGINT)
+        try:
+            rest, _ = stack.communicate(timeout=30)
+            for line in rest.splitlines():
+                print(f"devstack: {line}")
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.pid, signal.SIGKILL)
+            raise SystemExit("walkthrough: devstack did not stop on Ctrl-C")
+    if stack.returncode != 0:
+        raise SystemExit(f"walkthrough: devstack exited with {stack.returncode} after Ctrl-C")
+    if failures:
+        raise SystemExit(f"walkthrough: {failures} of {len(steps)} steps differ from README.md")
+    print(f"walkthrough: {len(steps)} passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
