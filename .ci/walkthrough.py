@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 START_COMMAND = ["cargo", "run", "-q", "-p", "devstack"]
+STEPS_TIMEOUT = 300
 
 
 def parse_walkthrough(readme):
@@ -40,7 +41,7 @@ def parse_walkthrough(readme):
             command = lines[i][2:]
             while command.endswith("\\"):
                 i += 1
-                command = command[:-1] + "\n" + lines[i]
+                command += "\n" + lines[i]
             i += 1
             expected = []
             while i < len(lines) and not lines[i].startswith("$ "):
@@ -67,9 +68,17 @@ def run_steps(steps):
     script = []
     for command, _ in steps:
         script.append(f"{{ {command}\n}} 2>&1\necho {marker}\n")
-    result = subprocess.run(["bash", "-c", "".join(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    outputs = result.stdout.split(marker + "\n")
-    return [chunk.splitlines() for chunk in outputs[: len(steps)]], result.stderr
+    shell = subprocess.Popen(["bash", "-c", "".join(script)], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = shell.communicate(timeout=STEPS_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(shell.pid, signal.SIGKILL)
+        stdout, stderr = shell.communicate()
+        stderr += f"\nwalkthrough: the steps did not finish within {STEPS_TIMEOUT} s"
+    chunks = stdout.split(marker + "\n")
+    # The text after the last marker belongs to a step that never finished.
+    return [chunk.splitlines() for chunk in chunks[:-1]], stderr
 
 
 def main():
@@ -94,7 +103,7 @@ def main():
         outputs, stderr = run_steps(steps)
         if len(outputs) != len(steps):
             print(stderr)
-            raise SystemExit(f"walkthrough: ran {len(outputs)} of {len(steps)} steps")
+            print(f"walkthrough: step {len(outputs) + 1} did not finish: $ {steps[len(outputs)][0]}")
         expected_norm, actual_norm = Normaliser(), Normaliser()
         failures = 0
         for (command, expected), actual in zip(steps, outputs):
@@ -117,6 +126,8 @@ def main():
             raise SystemExit("walkthrough: devstack did not stop on Ctrl-C")
     if stack.returncode != 0:
         raise SystemExit(f"walkthrough: devstack exited with {stack.returncode} after Ctrl-C")
+    if len(outputs) != len(steps):
+        raise SystemExit(f"walkthrough: only {len(outputs)} of {len(steps)} steps finished")
     if failures:
         raise SystemExit(f"walkthrough: {failures} of {len(steps)} steps differ from README.md")
     print(f"walkthrough: {len(steps)} passed, 0 failed")
