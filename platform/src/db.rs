@@ -4,8 +4,8 @@ use std::{path::Path, time::Duration};
 
 use anyhow::Context as _;
 use sea_orm::{
-    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqlErr,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    RuntimeErr, SqlErr, SqliteTransactionMode, TransactionOptions, TransactionTrait,
     sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous},
 };
 
@@ -36,9 +36,37 @@ pub async fn connect(url: &str) -> anyhow::Result<DatabaseConnection> {
     } else {
         options.max_connections(16).min_connections(1);
     }
-    Database::connect(options)
-        .await
-        .with_context(|| format!("cannot open database {}", redact_url(url)))
+    // Another process creating the same SQLite file (switching it to WAL) holds a lock that
+    // the busy timeout does not cover; it is released within moments, so retry briefly.
+    let mut pause = Duration::from_millis(50);
+    let deadline = tokio::time::Instant::now() + SQLITE_BUSY_TIMEOUT;
+    loop {
+        match Database::connect(options.clone()).await {
+            Err(err) if is_sqlite_busy(&err) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            result => {
+                return result.with_context(|| format!("cannot open database {}", redact_url(url)));
+            }
+        }
+    }
+}
+
+/// Tells whether `err` is SQLite's "database is locked" (SQLITE_BUSY or an extended form).
+fn is_sqlite_busy(err: &DbErr) -> bool {
+    let (DbErr::Conn(runtime) | DbErr::Exec(runtime) | DbErr::Query(runtime)) = err else {
+        return false;
+    };
+    let RuntimeErr::SqlxError(err) = runtime else {
+        return false;
+    };
+    let sea_orm::sqlx::Error::Database(err) = err.as_ref() else {
+        return false;
+    };
+    err.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 5)
 }
 
 /// Begins a transaction that will write.

@@ -90,10 +90,9 @@ pub async fn execute(cli: Cli) -> ExitCode {
 
 async fn run(database_url: &str, users_url: &str, config: RunConfig) -> anyhow::Result<ExitCode> {
     let shutdown = platform::shutdown::on_signal()?;
-    let db = platform::db::connect(database_url).await?;
-    if !crate::wait_for_schema(&db, &shutdown).await {
+    let Some(db) = crate::open_when_ready(database_url, &shutdown).await else {
         return Ok(ExitCode::SUCCESS);
-    }
+    };
     let users = UsersClient::new(users_url, config.call_timeout)?;
     tracing::info!(
         users_url,

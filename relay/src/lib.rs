@@ -56,21 +56,32 @@ impl Default for RunConfig {
     }
 }
 
-/// Waits until the Student DB's schema is in place (student-svc applies it), so the relay
-/// can start before the service. Returns false if `shutdown` came first.
-pub async fn wait_for_schema(db: &DatabaseConnection, shutdown: &CancellationToken) -> bool {
+/// Opens the Student DB once it is reachable and its schema is in place (student-svc
+/// applies it), so the relay can start before the database and the service. Returns
+/// `None` if `shutdown` came first.
+pub async fn open_when_ready(
+    url: &str,
+    shutdown: &CancellationToken,
+) -> Option<DatabaseConnection> {
     let mut logged = false;
+    let mut connection = None;
     loop {
-        match migrations::is_current::<migrations::student::Migrator>(db).await {
-            Ok(true) => return true,
-            Ok(false) | Err(_) if !logged => {
-                tracing::info!("waiting for student-svc to create the Student DB schema");
-                logged = true;
-            }
-            Ok(false) | Err(_) => {}
+        if connection.is_none() {
+            connection = platform::db::connect(url).await.ok();
+        }
+        let waiting_for = match &connection {
+            Some(db) => match migrations::is_current::<migrations::student::Migrator>(db).await {
+                Ok(true) => return connection,
+                Ok(false) | Err(_) => "student-svc to create the Student DB schema",
+            },
+            None => "the Student DB to be reachable",
+        };
+        if !logged {
+            tracing::info!("waiting for {waiting_for}");
+            logged = true;
         }
         tokio::select! {
-            () = shutdown.cancelled() => return false,
+            () = shutdown.cancelled() => return None,
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }

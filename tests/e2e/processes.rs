@@ -21,6 +21,7 @@ on_both_backends!(
     three_binaries_link_every_student_and_replay_creates_nothing,
     a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing,
     users_svc_killed_and_restarted_delays_but_loses_nothing,
+    sigterm_stops_every_binary_cleanly,
 );
 
 /// How long a backlog of a few dozen students may take to drain on a loaded CI machine.
@@ -189,4 +190,23 @@ async fn users_svc_killed_and_restarted_delays_but_loses_nothing(backend: Backen
     stack.restart_users().await;
     wait_until_all_linked(&mut stack, 15).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 15).await;
+}
+
+async fn sigterm_stops_every_binary_cleanly(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    create_students(&stack, 0..3).await;
+    wait_until_all_linked(&mut stack, 3).await;
+    let ended = stack.terminate_all(Duration::from_secs(15));
+    let names: Vec<&str> = ended.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["relay", "student-svc", "users-svc"]);
+    for (name, status) in ended {
+        let status = status.unwrap_or_else(|| panic!("{name} still running 15 s after SIGTERM"));
+        assert!(
+            status.success(),
+            "{name} exited with {status} after SIGTERM"
+        );
+    }
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
 }

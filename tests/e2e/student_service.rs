@@ -422,3 +422,50 @@ async fn health_reports_serving(backend: Backend) {
 
 /// Turns a valid request into one with a single invalid field.
 type Spoil = fn(&mut CreateStudentRequest);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_turns_not_serving_when_the_postgres_database_goes_away() {
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", app.users_addr))
+        .expect("endpoint")
+        .connect_lazy();
+    let health = HealthClient::new(channel);
+    let status_of = |name: &'static str| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest {
+                    service: name.to_owned(),
+                })
+                .await
+                .ok()
+                .map(|a| a.into_inner().status())
+        }
+    };
+    crate::support::eventually(
+        "users-svc SERVING",
+        std::time::Duration::from_secs(10),
+        || async {
+            (status_of("users.v1.UsersService").await == Some(ServingStatus::Serving)).then_some(())
+        },
+    )
+    .await;
+
+    app.databases.drop_users_database_now().await;
+    crate::support::eventually(
+        "users-svc NOT_SERVING",
+        std::time::Duration::from_secs(30),
+        || async {
+            (status_of("users.v1.UsersService").await == Some(ServingStatus::NotServing))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        status_of("").await,
+        Some(ServingStatus::NotServing),
+        "the server as a whole too"
+    );
+}

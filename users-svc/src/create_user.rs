@@ -52,7 +52,7 @@ pub async fn create_user(
     if mode == Mode::ReplayOnly {
         return Err(Error::NotInInbox);
     }
-    let conflict = match insert_user_with_inbox(db, &new, &request_hash).await {
+    match insert_user_with_inbox(db, &new, &request_hash).await {
         Ok(user_id) => {
             tracing::info!(%user_id, "user created");
             return Ok(Answer {
@@ -60,15 +60,17 @@ pub async fn create_user(
                 replayed: false,
             });
         }
-        Err(err) if is_unique_violation(&err) => err,
+        Err(err) if is_unique_violation(&err) => {}
         Err(err) => return Err(err.into()),
-    };
+    }
     // A unique violation is first of all a lost race on the same key: the winner's inbox
     // row is committed by now, so this is a replay, not a domain conflict.
     if let Some(answer) = replay(db, &new.idempotency_key, &request_hash).await? {
         return Ok(answer);
     }
-    tracing::debug!(error = %conflict, "document number already used by an enabled user");
+    // Otherwise the only other unique rule is the domain's: one enabled user per document
+    // number. (The database error is not logged: it quotes the document number.)
+    tracing::info!("rejected: document number already used by an enabled user");
     save_rejection(db, &new, &request_hash, document_number_taken()).await
 }
 

@@ -24,7 +24,7 @@ pub struct TestApp {
     pub users_db: DatabaseConnection,
     shutdown: CancellationToken,
     // Dropped last: the databases outlive every connection to them.
-    _databases: TestDatabases,
+    pub databases: TestDatabases,
 }
 
 /// Starts both services on fresh databases; `None` when the backend is not configured.
@@ -58,7 +58,7 @@ pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
         student_db,
         users_db,
         shutdown,
-        _databases: dbs,
+        databases: dbs,
     })
 }
 

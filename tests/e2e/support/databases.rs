@@ -76,6 +76,25 @@ impl TestDatabases {
     }
 }
 
+impl TestDatabases {
+    /// Drops the Users database now, closing every connection to it (PostgreSQL only):
+    /// the way to make a database unreachable under a running service.
+    pub async fn drop_users_database_now(&self) {
+        let cleanup = self.postgres.as_ref().expect("a PostgreSQL test");
+        let admin = Database::connect(&cleanup.admin_url)
+            .await
+            .expect("connect admin");
+        admin
+            .execute_unprepared(&format!(
+                "DROP DATABASE \"{}\" WITH (FORCE)",
+                cleanup.names[1]
+            ))
+            .await
+            .expect("drop the Users database");
+        admin.close().await.ok();
+    }
+}
+
 impl Drop for TestDatabases {
     fn drop(&mut self) {
         if let Some(cleanup) = self.postgres.take() {

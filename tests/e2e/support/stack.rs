@@ -116,6 +116,30 @@ impl Stack {
         }
     }
 
+    /// Sends SIGTERM to every running process, relay first, and returns how each ended
+    /// (`None`: still running after `timeout`).
+    pub fn terminate_all(
+        &mut self,
+        timeout: Duration,
+    ) -> Vec<(String, Option<std::process::ExitStatus>)> {
+        let processes = [
+            self.relay.as_mut(),
+            self.student.as_mut(),
+            Some(&mut self.users),
+        ];
+        processes
+            .into_iter()
+            .flatten()
+            .map(|process| {
+                process
+                    .signal(nix::sys::signal::Signal::SIGTERM)
+                    .expect("SIGTERM");
+                let status = process.wait_timeout(timeout).expect("wait");
+                (process.name().to_owned(), status)
+            })
+            .collect()
+    }
+
     /// Kills the relay with SIGKILL, as a crash would.
     pub fn kill_relay(&mut self) {
         if let Some(mut relay) = self.relay.take() {
