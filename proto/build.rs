@@ -8,7 +8,7 @@ const PROTOS: &[&str] = &["student/v1/student.proto", "users/v1/users.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {
-        println!("cargo:rerun-if-changed=proto/{proto}");
+        println!("cargo:rerun-if-changed={proto}");
     }
     // Reflection serves one set per service, so each server lists only what it serves;
     // `compile_fds` does not write descriptor sets, so encode them here.
@@ -17,11 +17,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .zip(["student_descriptor", "users_descriptor"])
     {
-        let set = protox::compile([proto], ["proto"])?;
+        let set = protox::compile([proto], ["."])?;
         fs::write(out_dir.join(format!("{name}.bin")), set.encode_to_vec())?;
     }
 
-    let descriptors = protox::compile(PROTOS, ["proto"])?;
+    let descriptors = protox::compile(PROTOS, ["."])?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }
