@@ -4,6 +4,7 @@
 //! It owns no data and no business rule.
 
 pub mod db;
+pub mod failpoint;
 pub mod fingerprint;
 pub mod grpc_server;
 pub mod shutdown;

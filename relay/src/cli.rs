@@ -5,7 +5,9 @@ use std::{io::Write as _, process::ExitCode};
 use clap::{Parser, Subcommand};
 use uuid::Uuid;
 
-use crate::{Relay, RunConfig, replay, status, users_client::UsersClient};
+use crate::{
+    Relay, RunConfig, replay, retry_failed, status, users_client::UsersClient, wakeup::Wakeup,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +44,30 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Print outbox row counts per status and the age of the oldest pending row.
     Status,
+    /// Put failed rows back to pending: rows that ran out of attempts with their key; rows
+    /// Users rejected only with --new-key (a new operation).
+    RetryFailed(RetryFailedArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RetryFailedArgs {
+    #[command(flatten)]
+    pub rows: RetryFailedRows,
+    /// Give each row a fresh idempotency key: explicitly a new operation. Required for rows
+    /// Users rejected, which would otherwise get the same saved rejection again.
+    #[arg(long)]
+    pub new_key: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct RetryFailedRows {
+    /// The failed outbox row with this id.
+    #[arg(long)]
+    pub id: Option<i64>,
+    /// Every failed row.
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -77,6 +103,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
             replay(&cli.database_url, &cli.users_url, &args.selection()).await
         }
         Some(Command::Status) => status(&cli.database_url).await,
+        Some(Command::RetryFailed(args)) => retry(&cli.database_url, &args).await,
     };
     match result {
         Ok(code) => code,
@@ -89,18 +116,24 @@ pub async fn execute(cli: Cli) -> ExitCode {
 }
 
 async fn run(database_url: &str, users_url: &str, config: RunConfig) -> anyhow::Result<ExitCode> {
+    config.validate()?;
     let shutdown = platform::shutdown::on_signal()?;
     let Some(db) = crate::open_when_ready(database_url, &shutdown).await else {
         return Ok(ExitCode::SUCCESS);
     };
     let users = UsersClient::new(users_url, config.call_timeout)?;
+    let wakeup = Wakeup::for_database(database_url).await;
+    let relay = Relay::new(db, users, config);
     tracing::info!(
+        relay = %relay.id,
         users_url,
-        batch_size = config.batch_size,
-        concurrency = config.concurrency,
+        batch_size = relay.config.batch_size,
+        concurrency = relay.config.concurrency,
+        lease = ?relay.config.lease,
+        listen = matches!(wakeup, Wakeup::Listen(_)),
         "relay running"
     );
-    Relay { db, users, config }.run(shutdown).await;
+    relay.run(wakeup, shutdown).await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -122,6 +155,18 @@ async fn status(database_url: &str) -> anyhow::Result<ExitCode> {
     let report = status::read(&db).await?;
     status::print(&report, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn retry(database_url: &str, args: &RetryFailedArgs) -> anyhow::Result<ExitCode> {
+    let db = open_existing(database_url).await?;
+    let selection = match args.rows.id {
+        Some(id) => retry_failed::Selection::Id(id),
+        None => retry_failed::Selection::All,
+    };
+    let mut out = std::io::stdout().lock();
+    let summary = retry_failed::retry_failed(&db, selection, args.new_key, &mut out).await?;
+    out.flush()?;
+    Ok(ExitCode::from(summary.exit_code()))
 }
 
 /// Opens the Student DB for a one-shot command, which never waits for the schema.

@@ -12,9 +12,11 @@ pub mod classify;
 pub mod cli;
 mod deliver;
 pub mod replay;
+pub mod retry_failed;
 pub mod status;
 pub mod store;
 pub mod users_client;
+pub mod wakeup;
 
 use std::time::Duration;
 
@@ -23,27 +25,52 @@ use tokio_util::sync::CancellationToken;
 
 pub use deliver::{BatchOutcome, Relay};
 
-/// Tuning of `relay run`.
+/// Tuning of `relay run`. The defaults drain a backlog within 45 s of the last crash (a
+/// dead relay's rows are claimable again after one lease) and ride out a 10-minute Users
+/// outage without failing a row (100 attempts, mostly 0–30 s apart: about 25 minutes).
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunConfig {
-    /// Pause between polls when no row is due.
+    /// Pause between polls when idle (on PostgreSQL, NOTIFY usually wakes the relay first).
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub poll_interval: Duration,
-    /// Rows read per batch.
+    /// Rows claimed per batch.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_size: u16,
     /// Calls to Users in flight at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
+    /// How long a claimed row stays reserved for this relay; after that another relay may
+    /// claim it. Must exceed --call-timeout.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
     /// Deadline of each call to Users.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub call_timeout: Duration,
-    /// First retry delay after a transient failure (doubles per attempt, with jitter).
+    /// Attempts before a row that keeps failing transiently is marked failed.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: u32,
+    /// First retry delay after a transient failure (doubles per attempt, full jitter).
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     pub backoff_base: Duration,
     /// Longest retry delay.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
+}
+
+impl RunConfig {
+    /// Rejects tunings that break a guarantee.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        // A call still running when its lease ends may overlap another relay's delivery of
+        // the same row: harmless (the inbox answers both) but wasteful, and it makes a
+        // relay's work outlive its claim. The deadline keeps every call inside the lease.
+        anyhow::ensure!(
+            self.call_timeout < self.lease,
+            "--call-timeout ({:?}) must be shorter than --lease ({:?})",
+            self.call_timeout,
+            self.lease
+        );
+        Ok(())
+    }
 }
 
 impl Default for RunConfig {

@@ -1,27 +1,91 @@
-//! The relay's reads and writes on the Student DB. Each write is one short transaction,
-//! opened and committed here; none is ever held open across a call to Users.
+//! The relay's reads and writes on the Student DB. Each is one statement or one short
+//! transaction, opened and committed here; none is ever held open across a call to Users.
+//!
+//! Lease and backoff times come from one clock: on PostgreSQL the database's `now()`, so
+//! relays on machines with skewed clocks agree; on SQLite (one machine) the application's,
+//! bound as values in the stored format, never compared with SQLite's own time functions.
 
-use chrono::{DateTime, Utc};
+use std::time::Duration;
+
 use platform::db::{begin_write, now};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
+    Statement,
     sea_query::{Expr, ExprTrait},
 };
 use student_svc::entity::{
-    outbox::{self, OutboxStatus},
+    outbox::{self, FailureKind, OutboxStatus},
     students,
 };
 use uuid::Uuid;
 
-/// Rows due for delivery: `pending` and past their backoff, oldest first.
-pub async fn due_rows(db: &DatabaseConnection, limit: u64) -> Result<Vec<outbox::Model>, DbErr> {
-    outbox::Entity::find()
-        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
-        .filter(outbox::Column::AvailableAt.lte(now()))
-        .order_by_asc(outbox::Column::Id)
-        .limit(limit)
+/// Claims up to `limit` due rows for `relay_id`, oldest first, in ONE statement: rows that
+/// are `pending` and past their backoff, or `processing` under a lease that has run out
+/// (their relay died or stalled). Each claimed row becomes `processing`, leased to this
+/// relay until now + `lease`, with one more attempt counted.
+///
+/// PostgreSQL: `FOR UPDATE SKIP LOCKED`, so concurrent relays never claim the same due row.
+/// SQLite: the UPDATE runs under SQLite's single write lock, so it is just as exclusive.
+pub async fn claim_batch(
+    db: &DatabaseConnection,
+    relay_id: &str,
+    limit: u32,
+    lease: Duration,
+) -> Result<Vec<outbox::Model>, DbErr> {
+    let backend = db.get_database_backend();
+    let statement = match backend {
+        DbBackend::Postgres => Statement::from_sql_and_values(
+            backend,
+            r#"UPDATE outbox
+                  SET status = 'processing', locked_by = $1,
+                      locked_until = now() + $2 * interval '1 millisecond',
+                      attempts = attempts + 1
+                WHERE id IN (
+                      SELECT id FROM outbox
+                       WHERE (status = 'pending' AND available_at <= now())
+                          OR (status = 'processing' AND locked_until < now())
+                       ORDER BY id
+                       LIMIT $3
+                         FOR UPDATE SKIP LOCKED)
+            RETURNING *"#,
+            [
+                relay_id.into(),
+                millis(lease).into(),
+                i64::from(limit).into(),
+            ],
+        ),
+        _ => {
+            let at = now();
+            let until = at + lease;
+            Statement::from_sql_and_values(
+                backend,
+                r#"UPDATE outbox
+                      SET status = 'processing', locked_by = ?, locked_until = ?,
+                          attempts = attempts + 1
+                    WHERE id IN (
+                          SELECT id FROM outbox
+                           WHERE (status = 'pending' AND available_at <= ?)
+                              OR (status = 'processing' AND locked_until < ?)
+                           ORDER BY id
+                           LIMIT ?)
+                RETURNING *"#,
+                [
+                    relay_id.into(),
+                    until.into(),
+                    at.into(),
+                    at.into(),
+                    i64::from(limit).into(),
+                ],
+            )
+        }
+    };
+    let mut rows = outbox::Entity::find()
+        .from_raw_sql(statement)
         .all(db)
-        .await
+        .await?;
+    // RETURNING does not promise an order.
+    rows.sort_by_key(|row| row.id);
+    Ok(rows)
 }
 
 /// Why a delivery could not be recorded.
@@ -43,8 +107,9 @@ pub enum RecordError {
 /// Links the user Users returned to the student and marks the row `done`, in ONE
 /// transaction: either the student shows its user and the row is finished, or neither.
 ///
-/// Idempotent: recording the same user again changes nothing, so a redelivery that raced
-/// an earlier one is harmless. A *different* user id is refused, never written.
+/// Safe for a relay whose lease ran out while it waited: another relay delivering the same
+/// row got the same user id from the inbox, linking the same id again changes nothing, and
+/// a row already `done` stays as it is. A *different* user id is refused, never written.
 pub async fn record_delivery(
     db: &DatabaseConnection,
     row: &outbox::Model,
@@ -87,54 +152,126 @@ pub async fn record_delivery(
             outbox::Column::LastError,
             Expr::value(Option::<String>::None),
         )
+        .col_expr(
+            outbox::Column::LockedBy,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            outbox::Column::LockedUntil,
+            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
+        )
         .filter(outbox::Column::Id.eq(row.id))
         .filter(outbox::Column::Status.ne(OutboxStatus::Done))
         .exec(&txn)
         .await?;
-    // Crash point: before this commit the row is still pending and will be delivered again
-    // (Users answers from its inbox); after it, the student is linked.
+    // Crash point: before this commit the row is still leased and will be delivered again
+    // once the lease runs out (Users answers from its inbox); after it, the student is linked.
     txn.commit().await?;
     Ok(())
 }
 
-/// Puts a row back to `pending` after a transient failure, not before `available_at`.
+/// Gives a row back as `pending` after a transient failure, not before `delay` from now.
+/// Does nothing if this relay no longer holds the row's lease.
 pub async fn record_retry(
     db: &DatabaseConnection,
     row: &outbox::Model,
+    relay_id: &str,
     error: &str,
-    available_at: DateTime<Utc>,
+    delay: Duration,
+) -> Result<(), DbErr> {
+    let backend = db.get_database_backend();
+    let statement = match backend {
+        DbBackend::Postgres => Statement::from_sql_and_values(
+            backend,
+            r#"UPDATE outbox
+                  SET status = 'pending', last_error = $1,
+                      available_at = now() + $2 * interval '1 millisecond',
+                      locked_by = NULL, locked_until = NULL
+                WHERE id = $3 AND status = 'processing' AND locked_by = $4"#,
+            [
+                error.into(),
+                millis(delay).into(),
+                row.id.into(),
+                relay_id.into(),
+            ],
+        ),
+        _ => Statement::from_sql_and_values(
+            backend,
+            r#"UPDATE outbox
+                  SET status = 'pending', last_error = ?, available_at = ?,
+                      locked_by = NULL, locked_until = NULL
+                WHERE id = ? AND status = 'processing' AND locked_by = ?"#,
+            [
+                error.into(),
+                (now() + delay).into(),
+                row.id.into(),
+                relay_id.into(),
+            ],
+        ),
+    };
+    db.execute_raw(statement).await?;
+    Ok(())
+}
+
+/// Marks a row `failed` for good. Does nothing if this relay no longer holds its lease (the
+/// relay that does will reach the same verdict: a rejection is saved in Users' inbox).
+pub async fn record_failure(
+    db: &DatabaseConnection,
+    row: &outbox::Model,
+    relay_id: &str,
+    kind: FailureKind,
+    error: &str,
 ) -> Result<(), DbErr> {
     outbox::Entity::update_many()
-        .col_expr(
-            outbox::Column::Attempts,
-            Expr::col(outbox::Column::Attempts).add(1),
-        )
+        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Failed))
+        .col_expr(outbox::Column::FailureKind, Expr::value(kind))
         .col_expr(outbox::Column::LastError, Expr::value(error.to_owned()))
-        .col_expr(outbox::Column::AvailableAt, Expr::value(available_at))
+        .col_expr(outbox::Column::ProcessedAt, Expr::value(now()))
+        .col_expr(
+            outbox::Column::LockedBy,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            outbox::Column::LockedUntil,
+            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
+        )
         .filter(outbox::Column::Id.eq(row.id))
-        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
+        .filter(outbox::Column::LockedBy.eq(relay_id))
         .exec(db)
         .await?;
     Ok(())
 }
 
-/// Marks a row `failed` for good: Users rejected it, or it can never be delivered.
-pub async fn record_failure(
-    db: &DatabaseConnection,
-    row: &outbox::Model,
-    error: &str,
-) -> Result<(), DbErr> {
-    outbox::Entity::update_many()
-        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Failed))
+/// Hands back rows this relay claimed but never sent (it is shutting down): `pending` again,
+/// due at once, the claim's attempt uncounted, so another relay takes them immediately.
+pub async fn release(db: &DatabaseConnection, ids: &[i64], relay_id: &str) -> Result<u64, DbErr> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let released = outbox::Entity::update_many()
+        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
         .col_expr(
             outbox::Column::Attempts,
-            Expr::col(outbox::Column::Attempts).add(1),
+            Expr::col(outbox::Column::Attempts).sub(1),
         )
-        .col_expr(outbox::Column::LastError, Expr::value(error.to_owned()))
-        .col_expr(outbox::Column::ProcessedAt, Expr::value(now()))
-        .filter(outbox::Column::Id.eq(row.id))
-        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+        .col_expr(outbox::Column::AvailableAt, Expr::value(now()))
+        .col_expr(
+            outbox::Column::LockedBy,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            outbox::Column::LockedUntil,
+            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
+        )
+        .filter(outbox::Column::Id.is_in(ids.iter().copied()))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
+        .filter(outbox::Column::LockedBy.eq(relay_id))
         .exec(db)
         .await?;
-    Ok(())
+    Ok(released.rows_affected)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -3,10 +3,13 @@
 
 use std::collections::HashMap;
 
-use platform::db::{begin_write, is_unique_violation, now};
+use platform::{
+    db::{begin_write, is_unique_violation, now},
+    failpoint,
+};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Set,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait,
+    QueryFilter, QueryOrder, QuerySelect, Set,
 };
 use uuid::Uuid;
 
@@ -18,6 +21,9 @@ use crate::{
     error::Error,
     new_student::NewStudent,
 };
+
+/// The PostgreSQL channel notified when an outbox row commits.
+pub const OUTBOX_CHANNEL: &str = "outbox_created";
 
 /// A student with the outbox row that creates its login user (which tells the link state).
 #[derive(Debug, Clone, PartialEq)]
@@ -112,10 +118,18 @@ async fn insert_student_with_outbox(
         created_at: Set(created_at),
         processed_at: Set(None),
         result: Set(None),
+        failure_kind: Set(None),
         ..Default::default()
     }
     .insert(&txn)
     .await?;
+    if txn.get_database_backend() == DbBackend::Postgres {
+        // Delivered at commit (never for a rolled-back row): relays LISTENing wake at once
+        // instead of at their next poll.
+        txn.execute_unprepared(&format!("NOTIFY {OUTBOX_CHANNEL}"))
+            .await?;
+    }
+    failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
     // Crash point: before this commit nothing exists; after it, both rows do.
     txn.commit().await?;
     Ok(StudentView {

@@ -61,10 +61,11 @@ async fn one_batch_links_every_pending_student(backend: Backend) {
     assert_eq!(
         outcome,
         BatchOutcome {
-            due: 5,
+            claimed: 5,
             delivered: 5,
             retried: 0,
-            failed: 0
+            failed: 0,
+            released: 0,
         }
     );
     let links = assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 5).await;
@@ -146,10 +147,11 @@ async fn users_down_keeps_rows_pending_with_backoff(backend: Backend) {
     assert_eq!(
         outcome,
         BatchOutcome {
-            due: 1,
+            claimed: 1,
             delivered: 0,
             retried: 1,
-            failed: 0
+            failed: 0,
+            released: 0,
         }
     );
 
@@ -209,10 +211,11 @@ async fn a_rejection_fails_the_row_and_shows_on_the_student(backend: Backend) {
     assert_eq!(
         outcome,
         BatchOutcome {
-            due: 1,
+            claimed: 1,
             delivered: 0,
             retried: 0,
-            failed: 1
+            failed: 1,
+            released: 0,
         }
     );
     let row = only_row(&app).await;

@@ -6,7 +6,10 @@
 //! without its user. Whether two *different* operations may both succeed (two users with
 //! one document number) is a domain rule, enforced by the `users` table's own unique index.
 
-use platform::db::{begin_write, is_unique_violation, now};
+use platform::{
+    db::{begin_write, is_unique_violation, now},
+    failpoint,
+};
 use sea_orm::{ActiveModelTrait, DatabaseConnection, EntityTrait, Set};
 use tonic::Code;
 use uuid::Uuid;
@@ -103,9 +106,11 @@ async fn insert_user_with_inbox(
     )?
     .insert(&txn)
     .await?;
+    failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
     // Crash point: before this commit nothing exists; after it, the user and the answer
     // that any redelivery of this key will get.
     txn.commit().await?;
+    failpoint::hit(failpoint::points::USERS_AFTER_COMMIT).await;
     Ok(user_id)
 }
 

@@ -4,6 +4,7 @@ use sea_orm_migration::prelude::*;
 
 mod m20261130_000001_create_students_table;
 mod m20261130_000002_create_outbox_table;
+mod m20261130_000003_add_outbox_failure_kind;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -14,6 +15,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261130_000001_create_students_table::Migration),
             Box::new(m20261130_000002_create_outbox_table::Migration),
+            Box::new(m20261130_000003_add_outbox_failure_kind::Migration),
         ]
     }
 }

@@ -35,6 +35,8 @@ pub struct Model {
     /// The user id Users returned, once delivered.
     #[sea_orm(column_name = "result", enum_name = "DeliveredUserId")]
     pub result: Option<String>,
+    /// Why the row `failed`, when it did.
+    pub failure_kind: Option<FailureKind>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -58,6 +60,19 @@ pub enum OutboxStatus {
     /// Rejected for good by Users; `last_error` says why.
     #[sea_orm(string_value = "failed")]
     Failed,
+}
+
+/// Why a row failed, which decides how it may be redriven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
+pub enum FailureKind {
+    /// Users rejected the request (or it can never be sent). The same key would get the
+    /// same saved answer, so only a new key, explicitly a new operation, redrives it.
+    #[sea_orm(string_value = "rejected")]
+    Rejected,
+    /// Transient failures used up every attempt. The same key may be retried as is.
+    #[sea_orm(string_value = "exhausted")]
+    Exhausted,
 }
 
 /// The `create-user` payload: a snapshot of what Users needs, taken when the student was

@@ -74,11 +74,8 @@ impl TestApp {
             call_timeout: Duration::from_secs(2),
             ..RunConfig::default()
         };
-        Relay {
-            db: self.student_db.clone(),
-            users: UsersClient::new(users_url, config.call_timeout).expect("users client"),
-            config,
-        }
+        let users = UsersClient::new(users_url, config.call_timeout).expect("users client");
+        Relay::new(self.student_db.clone(), users, config)
     }
 }
 

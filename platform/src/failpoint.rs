@@ -1,0 +1,121 @@
+//! Named fail points for crash tests, compiled in only with the `failpoints` feature.
+//!
+//! A test starts a binary with `FAILPOINTS="name=action;name2=action"`, where an action is
+//! `abort` (the process dies at once, with no cleanup: a crash), `sleep(MS)` (the task
+//! waits), or either prefixed by `N*` to act on the first N hits only (`1*abort`). Without
+//! the feature, [`hit`] compiles to nothing.
+
+/// Fail points in the binaries. Each names the moment it stands for.
+pub mod points {
+    /// student-svc, CreateStudent: both rows written, transaction not yet committed.
+    pub const STUDENT_BEFORE_COMMIT: &str = "student-before-commit";
+    /// relay: rows claimed (leased), Users not yet called.
+    pub const RELAY_AFTER_CLAIM: &str = "relay-after-claim";
+    /// relay: Users answered, the link and `done` not yet recorded.
+    pub const RELAY_BEFORE_FINALIZE: &str = "relay-before-finalize";
+    /// users-svc, CreateUser: user and inbox row written, transaction not yet committed.
+    pub const USERS_BEFORE_COMMIT: &str = "users-before-commit";
+    /// users-svc, CreateUser: committed, answer not yet sent.
+    pub const USERS_AFTER_COMMIT: &str = "users-after-commit";
+}
+
+/// Triggers the fail point `name` if the `FAILPOINTS` environment variable arms it.
+#[cfg(feature = "failpoints")]
+pub async fn hit(name: &str) {
+    if let Some(action) = armed::take(name) {
+        match action {
+            armed::Action::Abort => {
+                tracing::warn!(failpoint = name, "fail point: aborting the process");
+                std::process::abort();
+            }
+            armed::Action::Sleep(duration) => {
+                tracing::warn!(failpoint = name, ?duration, "fail point: sleeping");
+                tokio::time::sleep(duration).await;
+            }
+        }
+    }
+}
+
+/// Triggers the fail point `name` (compiled out: the `failpoints` feature is off).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub async fn hit(_name: &str) {}
+
+#[cfg(feature = "failpoints")]
+mod armed {
+    use std::{collections::HashMap, sync::Mutex, time::Duration};
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Action {
+        Abort,
+        Sleep(Duration),
+    }
+
+    struct Armed {
+        action: Action,
+        /// Hits left before the point turns off; `None` acts forever.
+        remaining: Option<u32>,
+    }
+
+    static POINTS: Mutex<Option<HashMap<String, Armed>>> = Mutex::new(None);
+
+    /// Returns the action for this hit of `name`, counting it.
+    pub fn take(name: &str) -> Option<Action> {
+        let mut points = POINTS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let points =
+            points.get_or_insert_with(|| parse(&std::env::var("FAILPOINTS").unwrap_or_default()));
+        let armed = points.get_mut(name)?;
+        match &mut armed.remaining {
+            Some(0) => None,
+            Some(left) => {
+                *left -= 1;
+                Some(armed.action)
+            }
+            None => Some(armed.action),
+        }
+    }
+
+    fn parse(spec: &str) -> HashMap<String, Armed> {
+        spec.split(';')
+            .filter_map(|entry| {
+                let (name, action) = entry.trim().split_once('=')?;
+                let (remaining, action) = match action.split_once('*') {
+                    Some((count, action)) => (Some(count.parse().ok()?), action),
+                    None => (None, action),
+                };
+                let action = match action {
+                    "abort" => Action::Abort,
+                    sleep => {
+                        let ms = sleep
+                            .strip_prefix("sleep(")?
+                            .strip_suffix(')')?
+                            .parse()
+                            .ok()?;
+                        Action::Sleep(Duration::from_millis(ms))
+                    }
+                };
+                Some((name.to_owned(), Armed { action, remaining }))
+            })
+            .collect()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn specs_parse_into_counted_actions() {
+            let points = parse("a=abort; b=2*sleep(150);bad;c=explode");
+            assert_eq!(points["a"].action, Action::Abort);
+            assert_eq!(points["a"].remaining, None);
+            assert_eq!(
+                points["b"].action,
+                Action::Sleep(Duration::from_millis(150))
+            );
+            assert_eq!(points["b"].remaining, Some(2));
+            assert!(!points.contains_key("bad") && !points.contains_key("c"));
+        }
+    }
+}
