@@ -26,7 +26,8 @@ pub const BINARIES: [&str; 3] = ["student-svc", "users-svc", "relay"];
 /// Builds the three binaries with cargo (an up-to-date build is a no-op) and returns the
 /// directory that holds them. Cargo does not build another package's binaries for a test,
 /// so the tests call this instead of trusting whatever binary happens to be on disk.
-pub fn build_binaries(release: bool) -> anyhow::Result<PathBuf> {
+/// `features` are cargo features such as `relay/failpoints`.
+pub fn build_binaries(release: bool, features: &[&str]) -> anyhow::Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("devstack lives inside the workspace")?;
@@ -40,6 +41,9 @@ pub fn build_binaries(release: bool) -> anyhow::Result<PathBuf> {
     }
     if release {
         command.arg("--release");
+    }
+    if !features.is_empty() {
+        command.args(["--features", &features.join(",")]);
     }
     let status = command.status().context("cannot run cargo")?;
     if !status.success() {

@@ -14,7 +14,7 @@ async fn main() -> anyhow::Result<()> {
     // Registered first, so a Ctrl-C at any moment reaches the handler below.
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let bin = build_binaries(false)?;
+    let bin = build_binaries(false, &[])?;
     std::fs::create_dir_all("data")?;
     let mut processes = Vec::new();
     for (name, service) in [

@@ -20,6 +20,7 @@ const REPLAY_ONLY_HEADER: &str = "idempotency-replay-only";
 #[derive(Clone)]
 pub struct UsersClient {
     inner: UsersServiceClient<Channel>,
+    call_timeout: Duration,
 }
 
 /// What Users answered to a CreateUser.
@@ -37,10 +38,10 @@ impl UsersClient {
         let endpoint = Endpoint::from_shared(url.to_owned())
             .with_context(|| format!("invalid Users URL {url}"))?
             .connect_timeout(call_timeout)
-            .timeout(call_timeout)
             .tcp_nodelay(true);
         Ok(Self {
             inner: UsersServiceClient::new(endpoint.connect_lazy()),
+            call_timeout,
         })
     }
 
@@ -65,7 +66,14 @@ impl UsersClient {
                 .metadata_mut()
                 .insert(REPLAY_ONLY_HEADER, MetadataValue::from_static("true"));
         }
-        let response = self.inner.clone().create_user(request).await?;
+        // The deadline travels with the call (grpc-timeout), so Users stops working on an
+        // answer nobody waits for, and bounds the wait here.
+        request.set_timeout(self.call_timeout);
+        let mut client = self.inner.clone();
+        let call = client.create_user(request);
+        let response = tokio::time::timeout(self.call_timeout, call)
+            .await
+            .map_err(|_| Status::deadline_exceeded(format!("Users did not answer within {:?}", self.call_timeout)))??;
         let from_inbox = response
             .metadata()
             .get(REPLAYED_HEADER)

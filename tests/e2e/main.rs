@@ -3,8 +3,10 @@
 
 mod support;
 
+mod crash_matrix;
 mod processes;
 mod reflection;
+mod relay_claims;
 mod relay_delivery;
 mod student_service;
 mod users_service;

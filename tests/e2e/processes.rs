@@ -5,15 +5,14 @@ use std::time::Duration;
 
 use proto::student::v1::{GetStudentRequest, UserLinkStatus};
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
-use student_svc::entity::{outbox, students};
+use student_svc::entity::outbox;
 
 use crate::{
     on_both_backends,
     support::{
         Backend, eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
-        stack::Stack,
-        student_request,
+        stack::{LINK_DEADLINE, Stack},
     },
 };
 
@@ -24,51 +23,12 @@ on_both_backends!(
     sigterm_stops_every_binary_cleanly,
 );
 
-/// How long a backlog of a few dozen students may take to drain on a loaded CI machine.
-const LINK_DEADLINE: Duration = Duration::from_secs(60);
-
-async fn create_students(stack: &Stack, range: std::ops::Range<usize>) -> Vec<String> {
-    let mut client = stack.student_client();
-    let mut ids = Vec::new();
-    for n in range {
-        ids.push(
-            client
-                .create_student(student_request(n))
-                .await
-                .expect("created")
-                .into_inner()
-                .id,
-        );
-    }
-    ids
-}
-
-async fn linked_students(stack: &Stack) -> u64 {
-    students::Entity::find()
-        .filter(students::Column::UserId.is_not_null())
-        .count(&stack.student_db)
-        .await
-        .expect("count linked")
-}
-
-async fn wait_until_all_linked(stack: &mut Stack, expected: u64) {
-    let deadline = tokio::time::Instant::now() + LINK_DEADLINE;
-    while linked_students(stack).await != expected {
-        stack.assert_running();
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {LINK_DEADLINE:?} waiting for {expected} students linked"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
-    let ids = create_students(&stack, 0..20).await;
-    wait_until_all_linked(&mut stack, 20).await;
+    let ids = stack.create_students(0..20).await;
+    stack.wait_until_all_linked(20).await;
     let links =
         assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 20).await;
     let mut client = stack.student_client();
@@ -95,7 +55,7 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     );
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 21);
-    for (line, row) in lines.iter().zip(outbox_rows_in_id_order(&stack).await) {
+    for (line, row) in lines.iter().zip(stack.outbox_rows().await) {
         let expected = format!(
             "key={} student={} user={} from_inbox=true matches_link=true",
             row.idempotency_key, row.aggregate_id, links[&row.aggregate_id]
@@ -117,32 +77,23 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     );
 }
 
-async fn outbox_rows_in_id_order(stack: &Stack) -> Vec<outbox::Model> {
-    use sea_orm::QueryOrder as _;
-    outbox::Entity::find()
-        .order_by_asc(outbox::Column::Id)
-        .all(&stack.student_db)
-        .await
-        .expect("outbox")
-}
-
 async fn a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     // A backlog far larger than one batch, then a relay killed with SIGKILL right after its
     // first link: it dies holding calls in flight, some answered by Users but not recorded.
-    stack.kill_relay();
+    stack.kill_relays();
     let total = 200;
-    create_students(&stack, 0..total).await;
-    assert_eq!(linked_students(&stack).await, 0, "no relay, no links");
-    stack.start_relay();
-    while linked_students(&stack).await == 0 {
+    stack.create_students(0..total).await;
+    assert_eq!(stack.linked_students().await, 0, "no relay, no links");
+    stack.start_relay(None, &[]);
+    while stack.linked_students().await == 0 {
         stack.assert_running();
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    stack.kill_relay();
-    let linked_at_kill = linked_students(&stack).await;
+    stack.kill_relays();
+    let linked_at_kill = stack.linked_students().await;
     let (users_at_kill, _) = users_and_inbox_rows(&stack.users_db).await;
     assert!(
         linked_at_kill < total as u64,
@@ -151,8 +102,8 @@ async fn a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing(
     assert!(users_at_kill >= linked_at_kill);
     eprintln!("killed the relay with {linked_at_kill} linked and {users_at_kill} users created");
 
-    stack.start_relay();
-    wait_until_all_linked(&mut stack, total as u64).await;
+    stack.start_relay(None, &[]);
+    stack.wait_until_all_linked(total as u64).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, total).await;
 }
 
@@ -160,11 +111,11 @@ async fn users_svc_killed_and_restarted_delays_but_loses_nothing(backend: Backen
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
-    create_students(&stack, 0..5).await;
-    wait_until_all_linked(&mut stack, 5).await;
+    stack.create_students(0..5).await;
+    stack.wait_until_all_linked(5).await;
 
     stack.kill_users();
-    create_students(&stack, 5..15).await;
+    stack.create_students(5..15).await;
     // The relay keeps trying: attempts are recorded, rows stay pending, nothing fails.
     eventually(
         "failed attempts recorded while Users is down",
@@ -185,10 +136,10 @@ async fn users_svc_killed_and_restarted_delays_but_loses_nothing(backend: Backen
         .await
         .expect("count");
     assert_eq!(failed, 0, "a Users outage fails no row");
-    assert_eq!(linked_students(&stack).await, 5);
+    assert_eq!(stack.linked_students().await, 5);
 
-    stack.restart_users().await;
-    wait_until_all_linked(&mut stack, 15).await;
+    stack.restart_users(None).await;
+    stack.wait_until_all_linked(15).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 15).await;
 }
 
@@ -196,8 +147,8 @@ async fn sigterm_stops_every_binary_cleanly(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
-    create_students(&stack, 0..3).await;
-    wait_until_all_linked(&mut stack, 3).await;
+    stack.create_students(0..3).await;
+    stack.wait_until_all_linked(3).await;
     let ended = stack.terminate_all(Duration::from_secs(15));
     let names: Vec<&str> = ended.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["relay", "student-svc", "users-svc"]);

@@ -65,17 +65,34 @@ pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
 impl TestApp {
     /// A relay over this app's Student DB, delivering to this app's Users service.
     pub fn relay(&self) -> Relay {
-        self.relay_to(&format!("http://{}", self.users_addr))
+        self.relay_to(&self.users_url())
     }
 
     /// A relay over this app's Student DB, delivering to `users_url`.
     pub fn relay_to(&self, users_url: &str) -> Relay {
-        let config = RunConfig {
-            call_timeout: Duration::from_secs(2),
-            ..RunConfig::default()
-        };
+        self.relay_with(users_url, test_tuning())
+    }
+
+    /// A relay over this app's Student DB with its own tuning.
+    pub fn relay_with(&self, users_url: &str, config: RunConfig) -> Relay {
         let users = UsersClient::new(users_url, config.call_timeout).expect("users client");
         Relay::new(self.student_db.clone(), users, config)
+    }
+
+    /// The Users service's URL.
+    pub fn users_url(&self) -> String {
+        format!("http://{}", self.users_addr)
+    }
+}
+
+/// The relay tuning of in-process tests: short deadline and lease, quick retries.
+pub fn test_tuning() -> RunConfig {
+    RunConfig {
+        call_timeout: Duration::from_secs(2),
+        lease: Duration::from_secs(5),
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+        ..RunConfig::default()
     }
 }
 
