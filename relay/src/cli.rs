@@ -13,7 +13,9 @@ use crate::{
 #[command(
     name = "relay",
     about = "Delivers the Student outbox to the Users service",
-    version
+    version,
+    // A flag given twice takes its last value, so scripts can override a default set.
+    args_override_self = true
 )]
 pub struct Cli {
     /// Student DB (the relay works on Student's side).
@@ -39,6 +41,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Deliver pending outbox rows until stopped (the default, with default tuning).
+    #[command(args_override_self = true)]
     Run(RunConfig),
     /// Deliver the stored intents of done rows again, answered only from Users' inbox.
     Replay(ReplayArgs),

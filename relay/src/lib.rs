@@ -113,3 +113,54 @@ pub async fn open_when_ready(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_ride_out_a_ten_minute_users_outage() {
+        let config = RunConfig::default();
+        // A row fails for good at its max_attempts-th failure; before that it waits one
+        // jittered delay after each failure. Simulate many rows: none may give up within
+        // ten minutes (the margin is many standard deviations, so this never flakes).
+        let shortest = (0..2_000)
+            .map(|_| {
+                (1..config.max_attempts)
+                    .map(|attempt| {
+                        backoff::retry_delay(attempt, config.backoff_base, config.backoff_max)
+                    })
+                    .sum::<Duration>()
+            })
+            .min()
+            .unwrap_or_default();
+        assert!(
+            shortest > Duration::from_secs(15 * 60),
+            "a row gave up after {shortest:?}"
+        );
+    }
+
+    #[test]
+    fn defaults_drain_a_backlog_within_45_seconds_of_the_last_crash() {
+        let config = RunConfig::default();
+        // A dead relay's rows are claimable once its lease runs out; a row backing off is
+        // due again within backoff_max. Either way well inside 45 s.
+        assert!(config.lease <= Duration::from_secs(15));
+        assert!(config.backoff_max <= Duration::from_secs(30));
+        assert!(config.call_timeout < config.lease);
+        config.validate().expect("the defaults are valid");
+    }
+
+    #[test]
+    fn a_deadline_longer_than_the_lease_is_refused() {
+        let config = RunConfig {
+            call_timeout: Duration::from_secs(20),
+            ..RunConfig::default()
+        };
+        let err = config.validate().expect_err("invalid");
+        assert_eq!(
+            err.to_string(),
+            "--call-timeout (20s) must be shorter than --lease (15s)"
+        );
+    }
+}

@@ -13,6 +13,7 @@ use sea_orm::{
     Statement,
     sea_query::{Expr, ExprTrait},
 };
+use sea_orm::{IdenStatic as _, Iterable as _};
 use student_svc::entity::{
     outbox::{self, FailureKind, OutboxStatus},
     students,
@@ -33,21 +34,26 @@ pub async fn claim_batch(
     lease: Duration,
 ) -> Result<Vec<outbox::Model>, DbErr> {
     let backend = db.get_database_backend();
+    // The columns are named, never `*`: a cached statement must not change shape when the
+    // schema gains a column.
+    let columns = outbox_columns();
     let statement = match backend {
         DbBackend::Postgres => Statement::from_sql_and_values(
             backend,
-            r#"UPDATE outbox
-                  SET status = 'processing', locked_by = $1,
-                      locked_until = now() + $2 * interval '1 millisecond',
-                      attempts = attempts + 1
-                WHERE id IN (
-                      SELECT id FROM outbox
-                       WHERE (status = 'pending' AND available_at <= now())
-                          OR (status = 'processing' AND locked_until < now())
-                       ORDER BY id
-                       LIMIT $3
-                         FOR UPDATE SKIP LOCKED)
-            RETURNING *"#,
+            format!(
+                r#"UPDATE outbox
+                      SET status = 'processing', locked_by = $1,
+                          locked_until = now() + $2 * interval '1 millisecond',
+                          attempts = attempts + 1
+                    WHERE id IN (
+                          SELECT id FROM outbox
+                           WHERE (status = 'pending' AND available_at <= now())
+                              OR (status = 'processing' AND locked_until < now())
+                           ORDER BY id
+                           LIMIT $3
+                             FOR UPDATE SKIP LOCKED)
+                RETURNING {columns}"#
+            ),
             [
                 relay_id.into(),
                 millis(lease).into(),
@@ -59,16 +65,18 @@ pub async fn claim_batch(
             let until = at + lease;
             Statement::from_sql_and_values(
                 backend,
-                r#"UPDATE outbox
-                      SET status = 'processing', locked_by = ?, locked_until = ?,
-                          attempts = attempts + 1
-                    WHERE id IN (
-                          SELECT id FROM outbox
-                           WHERE (status = 'pending' AND available_at <= ?)
-                              OR (status = 'processing' AND locked_until < ?)
-                           ORDER BY id
-                           LIMIT ?)
-                RETURNING *"#,
+                format!(
+                    r#"UPDATE outbox
+                          SET status = 'processing', locked_by = ?, locked_until = ?,
+                              attempts = attempts + 1
+                        WHERE id IN (
+                              SELECT id FROM outbox
+                               WHERE (status = 'pending' AND available_at <= ?)
+                                  OR (status = 'processing' AND locked_until < ?)
+                               ORDER BY id
+                               LIMIT ?)
+                    RETURNING {columns}"#
+                ),
                 [
                     relay_id.into(),
                     until.into(),
@@ -270,6 +278,14 @@ pub async fn release(db: &DatabaseConnection, ids: &[i64], relay_id: &str) -> Re
         .exec(db)
         .await?;
     Ok(released.rows_affected)
+}
+
+/// The outbox entity's columns, quoted and comma-separated.
+fn outbox_columns() -> String {
+    outbox::Column::iter()
+        .map(|column| format!("\"{}\"", column.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn millis(duration: Duration) -> i64 {

@@ -73,7 +73,12 @@ impl UsersClient {
         let call = client.create_user(request);
         let response = tokio::time::timeout(self.call_timeout, call)
             .await
-            .map_err(|_| Status::deadline_exceeded(format!("Users did not answer within {:?}", self.call_timeout)))??;
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "Users did not answer within {:?}",
+                    self.call_timeout
+                ))
+            })??;
         let from_inbox = response
             .metadata()
             .get(REPLAYED_HEADER)

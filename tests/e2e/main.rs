@@ -3,6 +3,7 @@
 
 mod support;
 
+mod concurrency;
 mod crash_matrix;
 mod processes;
 mod reflection;

@@ -12,7 +12,9 @@ use uuid::Uuid;
 use crate::{
     on_both_backends,
     support::{
-        Backend, TestApp, app::test_tuning, eventually,
+        Backend, TestApp,
+        app::test_tuning,
+        eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
         spawn_app, student_request,
     },
@@ -28,30 +30,45 @@ on_both_backends!(
 
 async fn create_students(app: &TestApp, range: std::ops::Range<usize>) {
     for n in range {
-        app.student.clone().create_student(student_request(n)).await.expect("created");
+        app.student
+            .clone()
+            .create_student(student_request(n))
+            .await
+            .expect("created");
     }
 }
 
 async fn rows(app: &TestApp) -> Vec<outbox::Model> {
-    let mut rows = outbox::Entity::find().all(&app.student_db).await.expect("outbox");
+    let mut rows = outbox::Entity::find()
+        .all(&app.student_db)
+        .await
+        .expect("outbox");
     rows.sort_by_key(|row| row.id);
     rows
 }
 
 fn closed_port_url() -> String {
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
     format!("http://{addr}")
 }
 
 async fn concurrent_claims_never_hand_out_one_row_twice(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else { return };
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     create_students(&app, 0..60).await;
     let claimers = (0..4).map(|n| {
         let db = app.student_db.clone();
         async move {
             let mut mine = Vec::new();
             loop {
-                let batch = store::claim_batch(&db, &format!("claimer-{n}"), 7, Duration::from_secs(60)).await.expect("claim");
+                let batch =
+                    store::claim_batch(&db, &format!("claimer-{n}"), 7, Duration::from_secs(60))
+                        .await
+                        .expect("claim");
                 if batch.is_empty() {
                     return mine;
                 }
@@ -59,54 +76,127 @@ async fn concurrent_claims_never_hand_out_one_row_twice(backend: Backend) {
             }
         }
     });
-    let claimed: Vec<_> = futures::future::join_all(claimers).await.into_iter().flatten().collect();
+    let claimed: Vec<_> = futures::future::join_all(claimers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
     let ids: HashSet<i64> = claimed.iter().map(|(id, _)| *id).collect();
     assert_eq!(claimed.len(), 60, "every row claimed once");
     assert_eq!(ids.len(), 60, "no row claimed twice");
     let stored = rows(&app).await;
-    assert!(stored.iter().all(|row| row.status == OutboxStatus::Processing && row.attempts == 1));
+    assert!(
+        stored
+            .iter()
+            .all(|row| row.status == OutboxStatus::Processing && row.attempts == 1)
+    );
     for (id, locked_by) in claimed {
         let row = stored.iter().find(|row| row.id == id).expect("row");
-        assert_eq!(row.locked_by, locked_by, "the lease names the relay that claimed it");
+        assert_eq!(
+            row.locked_by, locked_by,
+            "the lease names the relay that claimed it"
+        );
     }
 }
 
-async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothing(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else { return };
+async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothing(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     create_students(&app, 0..1).await;
-    let first = store::claim_batch(&app.student_db, "relay-a", 10, Duration::from_millis(100)).await.expect("claim");
+    let first = store::claim_batch(&app.student_db, "relay-a", 10, Duration::from_millis(100))
+        .await
+        .expect("claim");
     assert_eq!(first.len(), 1);
-    assert!(store::claim_batch(&app.student_db, "relay-b", 10, Duration::from_secs(60)).await.expect("claim").is_empty(), "leased");
+    assert!(
+        store::claim_batch(&app.student_db, "relay-b", 10, Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .is_empty(),
+        "leased"
+    );
     let second = eventually("the lease to expire", Duration::from_secs(10), || async {
-        let batch = store::claim_batch(&app.student_db, "relay-b", 10, Duration::from_secs(60)).await.expect("claim");
+        let batch = store::claim_batch(&app.student_db, "relay-b", 10, Duration::from_secs(60))
+            .await
+            .expect("claim");
         (!batch.is_empty()).then_some(batch)
     })
     .await;
-    assert_eq!((second[0].id, second[0].attempts, second[0].locked_by.as_deref()), (first[0].id, 2, Some("relay-b")));
+    assert_eq!(
+        (
+            second[0].id,
+            second[0].attempts,
+            second[0].locked_by.as_deref()
+        ),
+        (first[0].id, 2, Some("relay-b"))
+    );
     // Relay A, late, records a transient failure and a rejection: neither touches B's row.
-    store::record_retry(&app.student_db, &first[0], "relay-a", "UNAVAILABLE: late", Duration::ZERO).await.expect("retry");
-    store::record_failure(&app.student_db, &first[0], "relay-a", FailureKind::Rejected, "late").await.expect("fail");
+    store::record_retry(
+        &app.student_db,
+        &first[0],
+        "relay-a",
+        "UNAVAILABLE: late",
+        Duration::ZERO,
+    )
+    .await
+    .expect("retry");
+    store::record_failure(
+        &app.student_db,
+        &first[0],
+        "relay-a",
+        FailureKind::Rejected,
+        "late",
+    )
+    .await
+    .expect("fail");
     let row = rows(&app).await.remove(0);
-    assert_eq!((row.status, row.locked_by.as_deref(), row.last_error), (OutboxStatus::Processing, Some("relay-b"), None));
+    assert_eq!(
+        (row.status, row.locked_by.as_deref(), row.last_error),
+        (OutboxStatus::Processing, Some("relay-b"), None)
+    );
 }
 
 async fn shutdown_releases_claimed_rows_that_were_not_sent(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else { return };
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     create_students(&app, 0..3).await;
     let stopping = CancellationToken::new();
     stopping.cancel();
-    let outcome = app.relay().deliver_batch_until(&stopping).await.expect("batch");
-    assert_eq!(outcome, BatchOutcome { claimed: 3, released: 3, ..BatchOutcome::default() });
+    let outcome = app
+        .relay()
+        .deliver_batch_until(&stopping)
+        .await
+        .expect("batch");
+    assert_eq!(
+        outcome,
+        BatchOutcome {
+            claimed: 3,
+            released: 3,
+            ..BatchOutcome::default()
+        }
+    );
     for row in rows(&app).await {
-        assert_eq!((row.status, row.attempts, row.locked_by), (OutboxStatus::Pending, 0, None), "released as if never claimed");
+        assert_eq!(
+            (row.status, row.attempts, row.locked_by),
+            (OutboxStatus::Pending, 0, None),
+            "released as if never claimed"
+        );
     }
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
     // Another relay takes them at once.
-    assert_eq!(app.relay().deliver_batch().await.expect("batch").delivered, 3);
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        3
+    );
 }
 
 async fn a_failing_row_does_not_block_the_rows_behind_it(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else { return };
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     // The oldest row will be rejected: its document number is taken in Users.
     app.users
         .clone()
@@ -122,41 +212,111 @@ async fn a_failing_row_does_not_block_the_rows_behind_it(backend: Backend) {
         .expect("other user");
     create_students(&app, 0..4).await;
     let outcome = app.relay().deliver_batch().await.expect("batch");
-    assert_eq!((outcome.claimed, outcome.delivered, outcome.failed), (4, 3, 1));
+    assert_eq!(
+        (outcome.claimed, outcome.delivered, outcome.failed),
+        (4, 3, 1)
+    );
     let statuses: Vec<_> = rows(&app).await.into_iter().map(|row| row.status).collect();
-    assert_eq!(statuses, [OutboxStatus::Failed, OutboxStatus::Done, OutboxStatus::Done, OutboxStatus::Done]);
+    assert_eq!(
+        statuses,
+        [
+            OutboxStatus::Failed,
+            OutboxStatus::Done,
+            OutboxStatus::Done,
+            OutboxStatus::Done
+        ]
+    );
 }
 
-async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_key(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else { return };
+async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_key(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     create_students(&app, 0..1).await;
-    let unreachable = app.relay_with(&closed_port_url(), RunConfig { max_attempts: 3, backoff_max: Duration::from_millis(1), ..test_tuning() });
-    let failed = eventually("three attempts used up", Duration::from_secs(20), || async {
-        unreachable.deliver_batch().await.expect("batch");
-        let row = rows(&app).await.remove(0);
-        (row.status == OutboxStatus::Failed).then_some(row)
-    })
+    let unreachable = app.relay_with(
+        &closed_port_url(),
+        RunConfig {
+            max_attempts: 3,
+            backoff_max: Duration::from_millis(1),
+            ..test_tuning()
+        },
+    );
+    let failed = eventually(
+        "three attempts used up",
+        Duration::from_secs(20),
+        || async {
+            unreachable.deliver_batch().await.expect("batch");
+            let row = rows(&app).await.remove(0);
+            (row.status == OutboxStatus::Failed).then_some(row)
+        },
+    )
     .await;
-    assert_eq!((failed.attempts, failed.failure_kind), (3, Some(FailureKind::Exhausted)));
-    assert!(failed.last_error.as_deref().is_some_and(|e| e.starts_with("EXHAUSTED after 3 attempts, last UNAVAILABLE: ")), "{:?}", failed.last_error);
+    assert_eq!(
+        (failed.attempts, failed.failure_kind),
+        (3, Some(FailureKind::Exhausted))
+    );
+    assert!(
+        failed
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("EXHAUSTED after 3 attempts, last UNAVAILABLE: ")),
+        "{:?}",
+        failed.last_error
+    );
 
     let mut out = Vec::new();
-    let summary = retry_failed::retry_failed(&app.student_db, retry_failed::Selection::All, false, &mut out).await.expect("retry");
+    let summary = retry_failed::retry_failed(
+        &app.student_db,
+        retry_failed::Selection::All,
+        false,
+        &mut out,
+    )
+    .await
+    .expect("retry");
     assert_eq!(summary.exit_code(), 0);
-    assert_eq!(String::from_utf8(out).expect("utf-8"), format!("id={} key={} requeued\nrequeued=1 skipped=0 errors=0\n", failed.id, failed.idempotency_key));
+    assert_eq!(
+        String::from_utf8(out).expect("utf-8"),
+        format!(
+            "id={} key={} requeued\nrequeued=1 skipped=0 errors=0\n",
+            failed.id, failed.idempotency_key
+        )
+    );
     let requeued = rows(&app).await.remove(0);
-    assert_eq!((requeued.status, requeued.attempts, requeued.idempotency_key.as_str()), (OutboxStatus::Pending, 0, failed.idempotency_key.as_str()));
+    assert_eq!(
+        (
+            requeued.status,
+            requeued.attempts,
+            requeued.idempotency_key.as_str()
+        ),
+        (OutboxStatus::Pending, 0, failed.idempotency_key.as_str())
+    );
 
-    assert_eq!(app.relay().deliver_batch().await.expect("batch").delivered, 1);
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn notify_wakes_an_idle_postgres_relay_long_before_its_poll() {
-    let Some(app) = spawn_app(Backend::Postgres).await else { return };
-    let relay = app.relay_with(&app.users_url(), RunConfig { poll_interval: Duration::from_secs(300), ..test_tuning() });
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    let relay = app.relay_with(
+        &app.users_url(),
+        RunConfig {
+            poll_interval: Duration::from_secs(300),
+            ..test_tuning()
+        },
+    );
     let wakeup = Wakeup::for_database(&app.databases.student_url).await;
-    assert!(matches!(wakeup, Wakeup::Listen(_)), "PostgreSQL relays LISTEN");
+    assert!(
+        matches!(wakeup, Wakeup::Listen(_)),
+        "PostgreSQL relays LISTEN"
+    );
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -165,9 +325,17 @@ async fn notify_wakes_an_idle_postgres_relay_long_before_its_poll() {
     // Once a first row is delivered the relay is idle: it sleeps up to 300 s unless notified.
     for n in 0..2 {
         create_students(&app, n..n + 1).await;
-        eventually("the relay to deliver the new row", Duration::from_secs(20), || async {
-            rows(&app).await.iter().all(|row| row.status == OutboxStatus::Done).then_some(())
-        })
+        eventually(
+            "the relay to deliver the new row",
+            Duration::from_secs(20),
+            || async {
+                rows(&app)
+                    .await
+                    .iter()
+                    .all(|row| row.status == OutboxStatus::Done)
+                    .then_some(())
+            },
+        )
         .await;
     }
     shutdown.cancel();

@@ -13,7 +13,9 @@ use std::{
 use devstack::{Process, wait_until_serving};
 use nix::sys::signal::Signal;
 use proto::student::v1::student_service_client::StudentServiceClient;
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+};
 use student_svc::entity::{outbox, students};
 use tonic::transport::Channel;
 
@@ -25,15 +27,27 @@ pub const LINK_DEADLINE: Duration = Duration::from_secs(90);
 
 /// Short leases and deadlines, so crash recovery takes seconds in tests.
 pub const RELAY_TUNING: &[&str] = &[
-    "--poll-interval", "50ms", "--backoff-base", "50ms", "--backoff-max", "500ms",
-    "--call-timeout", "1s", "--lease", "2s",
+    "--poll-interval",
+    "50ms",
+    "--backoff-base",
+    "50ms",
+    "--backoff-max",
+    "500ms",
+    "--call-timeout",
+    "1s",
+    "--lease",
+    "2s",
 ];
 
 /// Builds the binaries, with fail points compiled in, once per test run.
 pub fn binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let features = ["student-svc/failpoints", "users-svc/failpoints", "relay/failpoints"];
+        let features = [
+            "student-svc/failpoints",
+            "users-svc/failpoints",
+            "relay/failpoints",
+        ];
         devstack::build_binaries(!cfg!(debug_assertions), &features).expect("build the binaries")
     })
 }
@@ -57,14 +71,31 @@ impl Stack {
     pub async fn start(backend: Backend) -> Option<Self> {
         let dbs = TestDatabases::create(backend).await?;
         let mut users = spawn(&dbs, "users-svc", &users_args(&dbs, "127.0.0.1:0"), None);
-        let users_addr = users.listening_addr(START_TIMEOUT).expect("users-svc listens");
+        let users_addr = users
+            .listening_addr(START_TIMEOUT)
+            .expect("users-svc listens");
         let relay = spawn_relay(&dbs, users_addr, None, &[]);
-        let mut student = spawn(&dbs, "student-svc", &student_args(&dbs, "127.0.0.1:0"), None);
-        let student_addr = student.listening_addr(START_TIMEOUT).expect("student-svc listens");
-        wait_until_serving(users_addr, "users.v1.UsersService", START_TIMEOUT).await.expect("users-svc healthy");
-        wait_until_serving(student_addr, "student.v1.StudentService", START_TIMEOUT).await.expect("student-svc healthy");
-        let student_db = platform::db::connect(&dbs.student_url).await.expect("Student DB");
-        let users_db = platform::db::connect(&dbs.users_url).await.expect("Users DB");
+        let mut student = spawn(
+            &dbs,
+            "student-svc",
+            &student_args(&dbs, "127.0.0.1:0"),
+            None,
+        );
+        let student_addr = student
+            .listening_addr(START_TIMEOUT)
+            .expect("student-svc listens");
+        wait_until_serving(users_addr, "users.v1.UsersService", START_TIMEOUT)
+            .await
+            .expect("users-svc healthy");
+        wait_until_serving(student_addr, "student.v1.StudentService", START_TIMEOUT)
+            .await
+            .expect("student-svc healthy");
+        let student_db = platform::db::connect(&dbs.student_url)
+            .await
+            .expect("Student DB");
+        let users_db = platform::db::connect(&dbs.users_url)
+            .await
+            .expect("Users DB");
         Some(Self {
             users,
             student,
@@ -79,15 +110,18 @@ impl Stack {
 
     /// A client of the student-svc process.
     pub fn student_client(&self) -> StudentServiceClient<Channel> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.student_addr))
-            .expect("endpoint")
-            .connect_lazy();
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.student_addr))
+                .expect("endpoint")
+                .connect_lazy();
         StudentServiceClient::new(channel)
     }
 
     /// Fails the test if a process that should be running has exited.
     pub fn assert_running(&mut self) {
-        let processes = [&mut self.users, &mut self.student].into_iter().chain(self.relays.iter_mut());
+        let processes = [&mut self.users, &mut self.student]
+            .into_iter()
+            .chain(self.relays.iter_mut());
         for process in processes {
             if let Ok(Some(status)) = process.try_wait() {
                 panic!("{} exited with {status}", process.name());
@@ -98,7 +132,10 @@ impl Stack {
     /// Sends SIGTERM to every process, relays first, and returns how each ended (`None`:
     /// still running after `timeout`).
     pub fn terminate_all(&mut self, timeout: Duration) -> Vec<(String, Option<ExitStatus>)> {
-        let processes = self.relays.iter_mut().chain([&mut self.student, &mut self.users]);
+        let processes = self
+            .relays
+            .iter_mut()
+            .chain([&mut self.student, &mut self.users]);
         processes
             .map(|process| {
                 process.signal(Signal::SIGTERM).expect("SIGTERM");
@@ -118,12 +155,16 @@ impl Stack {
     /// Starts one more relay, with `failpoints` armed (`FAILPOINTS` syntax) if given, and
     /// extra `run` flags (later flags override the test tuning).
     pub fn start_relay(&mut self, failpoints: Option<&str>, extra: &[&str]) {
-        self.relays.push(spawn_relay(&self.dbs, self.users_addr, failpoints, extra));
+        self.relays
+            .push(spawn_relay(&self.dbs, self.users_addr, failpoints, extra));
     }
 
     /// Waits for relay `index` to die at an armed `abort` fail point.
     pub fn wait_for_relay_abort(&mut self, index: usize) {
-        let status = self.relays[index].wait_timeout(START_TIMEOUT).expect("wait").expect("the relay aborts");
+        let status = self.relays[index]
+            .wait_timeout(START_TIMEOUT)
+            .expect("wait")
+            .expect("the relay aborts");
         assert_aborted("relay", status);
         self.relays.remove(index);
     }
@@ -138,13 +179,21 @@ impl Stack {
         let _ = self.users.kill();
         let args = users_args(&self.dbs, &self.users_addr.to_string());
         self.users = spawn(&self.dbs, "users-svc", &args, failpoints);
-        self.users.listening_addr(START_TIMEOUT).expect("users-svc listens again");
-        wait_until_serving(self.users_addr, "users.v1.UsersService", START_TIMEOUT).await.expect("users-svc healthy");
+        self.users
+            .listening_addr(START_TIMEOUT)
+            .expect("users-svc listens again");
+        wait_until_serving(self.users_addr, "users.v1.UsersService", START_TIMEOUT)
+            .await
+            .expect("users-svc healthy");
     }
 
     /// Waits for users-svc to die at an armed `abort` fail point.
     pub fn wait_for_users_abort(&mut self) {
-        let status = self.users.wait_timeout(START_TIMEOUT).expect("wait").expect("users-svc aborts");
+        let status = self
+            .users
+            .wait_timeout(START_TIMEOUT)
+            .expect("wait")
+            .expect("users-svc aborts");
         assert_aborted("users-svc", status);
     }
 
@@ -153,13 +202,25 @@ impl Stack {
         let _ = self.student.kill();
         let args = student_args(&self.dbs, &self.student_addr.to_string());
         self.student = spawn(&self.dbs, "student-svc", &args, failpoints);
-        self.student.listening_addr(START_TIMEOUT).expect("student-svc listens again");
-        wait_until_serving(self.student_addr, "student.v1.StudentService", START_TIMEOUT).await.expect("student-svc healthy");
+        self.student
+            .listening_addr(START_TIMEOUT)
+            .expect("student-svc listens again");
+        wait_until_serving(
+            self.student_addr,
+            "student.v1.StudentService",
+            START_TIMEOUT,
+        )
+        .await
+        .expect("student-svc healthy");
     }
 
     /// Waits for student-svc to die at an armed `abort` fail point.
     pub fn wait_for_student_abort(&mut self) {
-        let status = self.student.wait_timeout(START_TIMEOUT).expect("wait").expect("student-svc aborts");
+        let status = self
+            .student
+            .wait_timeout(START_TIMEOUT)
+            .expect("wait")
+            .expect("student-svc aborts");
         assert_aborted("student-svc", status);
     }
 
@@ -179,7 +240,14 @@ impl Stack {
         let mut client = self.student_client();
         let mut ids = Vec::new();
         for n in range {
-            ids.push(client.create_student(super::student_request(n)).await.expect("created").into_inner().id);
+            ids.push(
+                client
+                    .create_student(super::student_request(n))
+                    .await
+                    .expect("created")
+                    .into_inner()
+                    .id,
+            );
         }
         ids
     }
@@ -240,22 +308,41 @@ impl Drop for Stack {
 }
 
 fn assert_aborted(name: &str, status: ExitStatus) {
-    assert_eq!(status.signal(), Some(Signal::SIGABRT as i32), "{name} should die at its fail point, ended {status}");
+    assert_eq!(
+        status.signal(),
+        Some(Signal::SIGABRT as i32),
+        "{name} should die at its fail point, ended {status}"
+    );
 }
 
 fn users_args(dbs: &TestDatabases, listen: &str) -> Vec<String> {
-    ["--listen", listen, "--database-url", &dbs.users_url].map(str::to_owned).to_vec()
+    ["--listen", listen, "--database-url", &dbs.users_url]
+        .map(str::to_owned)
+        .to_vec()
 }
 
 fn student_args(dbs: &TestDatabases, listen: &str) -> Vec<String> {
-    ["--listen", listen, "--database-url", &dbs.student_url].map(str::to_owned).to_vec()
+    ["--listen", listen, "--database-url", &dbs.student_url]
+        .map(str::to_owned)
+        .to_vec()
 }
 
-fn spawn_relay(dbs: &TestDatabases, users_addr: SocketAddr, failpoints: Option<&str>, extra: &[&str]) -> Process {
+fn spawn_relay(
+    dbs: &TestDatabases,
+    users_addr: SocketAddr,
+    failpoints: Option<&str>,
+    extra: &[&str],
+) -> Process {
     let users_url = format!("http://{users_addr}");
-    let mut args: Vec<String> = ["--database-url", &dbs.student_url, "--users-url", &users_url, "run"]
-        .map(str::to_owned)
-        .to_vec();
+    let mut args: Vec<String> = [
+        "--database-url",
+        &dbs.student_url,
+        "--users-url",
+        &users_url,
+        "run",
+    ]
+    .map(str::to_owned)
+    .to_vec();
     args.extend(RELAY_TUNING.iter().chain(extra).map(|a| (*a).to_owned()));
     spawn(dbs, "relay", &args, failpoints)
 }
@@ -265,6 +352,11 @@ fn spawn(dbs: &TestDatabases, name: &str, args: &[String], failpoints: Option<&s
     if let Some(failpoints) = failpoints {
         envs.push(("FAILPOINTS".to_owned(), failpoints.to_owned()));
     }
-    Process::spawn(&binaries().join(name), args, &envs, &dbs.dir.path().join(format!("{name}.log")))
-        .unwrap_or_else(|err| panic!("start {name}: {err:#}"))
+    Process::spawn(
+        &binaries().join(name),
+        args,
+        &envs,
+        &dbs.dir.path().join(format!("{name}.log")),
+    )
+    .unwrap_or_else(|err| panic!("start {name}: {err:#}"))
 }
