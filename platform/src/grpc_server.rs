@@ -14,8 +14,31 @@ use tonic::{
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
+use crate::overload::ShedLoadLayer;
+
 /// How often the health service re-checks that the database answers.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long a shed request is told to wait before retrying.
+const RETRY_AFTER_OVERLOAD: Duration = Duration::from_millis(200);
+
+/// Limits that keep a server responsive under abuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A request still running after this is cancelled (CANCELLED).
+    pub request_timeout: Duration,
+    /// Requests in flight across all connections; more are shed (RESOURCE_EXHAUSTED).
+    pub max_concurrent_requests: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(10),
+            max_concurrent_requests: 256,
+        }
+    }
+}
 
 /// A service to serve: its routes, its full name (for health) and its file descriptor set
 /// (for reflection).
@@ -33,6 +56,7 @@ pub struct ServiceDefinition {
 pub async fn serve(
     listener: TcpListener,
     service: ServiceDefinition,
+    limits: Limits,
     db: DatabaseConnection,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -63,6 +87,11 @@ pub async fn serve(
 
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let served = Server::builder()
+        .timeout(limits.request_timeout)
+        .layer(ShedLoadLayer::new(
+            limits.max_concurrent_requests,
+            RETRY_AFTER_OVERLOAD,
+        ))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
         .await

@@ -7,6 +7,8 @@ pub mod db;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod grpc_server;
+pub mod overload;
 pub mod shutdown;
+pub mod status;
 pub mod telemetry;
 pub mod validate;

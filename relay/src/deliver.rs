@@ -212,7 +212,10 @@ impl Relay {
         status: &tonic::Status,
     ) -> anyhow::Result<Delivery> {
         let code = code_name(status.code());
-        let error = format!("{code}: {}", status.message());
+        // A reason and a readable message, never transport internals: the `ErrorInfo`
+        // reason when Users gave one (`DOCUMENT_NUMBER_TAKEN: …`), else the code.
+        let reason = platform::status::reason(status).unwrap_or_else(|| code.to_owned());
+        let error = format!("{reason}: {}", status.message());
         let attempts = u32::try_from(row.attempts).unwrap_or(0);
         match classify(status) {
             Failure::Permanent => {

@@ -10,7 +10,7 @@ use sea_orm::DatabaseConnection;
 use tonic::{Request, Response, Status};
 
 use crate::{
-    entity::outbox::OutboxStatus,
+    entity::outbox::{self, FailureKind, OutboxStatus},
     error::Error,
     new_student::NewStudent,
     students::{self, StudentView},
@@ -84,6 +84,20 @@ impl StudentService for StudentApi {
     }
 }
 
+/// Why the user link failed, for the student's `link_error`: a reason and a readable
+/// message. A rejection shows Users' own reason and message; running out of attempts
+/// shows a fixed sentence, never the transport error the relay recorded for operators.
+fn link_error(create_user: Option<&outbox::Model>) -> String {
+    match create_user {
+        Some(row) if row.failure_kind == Some(FailureKind::Exhausted) => {
+            "USERS_UNREACHABLE: the login user could not be created; an operator can redrive it"
+                .to_owned()
+        }
+        Some(row) => row.last_error.clone().unwrap_or_default(),
+        None => String::new(),
+    }
+}
+
 fn encode(view: StudentView) -> Student {
     let StudentView {
         student,
@@ -91,12 +105,7 @@ fn encode(view: StudentView) -> Student {
     } = view;
     let (status, link_error) = match create_user.as_ref().map(|row| row.status) {
         Some(OutboxStatus::Done) => (UserLinkStatus::Linked, String::new()),
-        Some(OutboxStatus::Failed) => (
-            UserLinkStatus::Failed,
-            create_user
-                .and_then(|row| row.last_error)
-                .unwrap_or_default(),
-        ),
+        Some(OutboxStatus::Failed) => (UserLinkStatus::Failed, link_error(create_user.as_ref())),
         Some(OutboxStatus::Pending | OutboxStatus::Processing) => {
             (UserLinkStatus::Pending, String::new())
         }

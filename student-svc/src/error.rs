@@ -1,8 +1,10 @@
 //! Everything a Student use case can fail with, and the one mapping to gRPC statuses.
 
-use platform::validate::FieldViolation;
+use platform::{status, validate::FieldViolation};
 use sea_orm::DbErr;
 use tonic::{Code, Status};
+#[cfg(test)]
+use tonic_types::StatusExt as _;
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,17 +21,33 @@ pub enum Error {
     Db(#[from] DbErr),
 }
 
+/// The `ErrorInfo` domain of this service's reasons.
+pub const DOMAIN: &str = "students.v1";
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
+        let message = err.to_string();
         match err {
-            Error::InvalidArgument(violation) => Status::invalid_argument(violation.to_string()),
-            Error::NotFound(_) => Status::not_found(err.to_string()),
-            Error::KeyReused => Status::failed_precondition(err.to_string()),
-            Error::DocumentNumberTaken => Status::already_exists(err.to_string()),
-            Error::Db(ref cause) => {
+            Error::InvalidArgument(violation) => status::invalid_argument(&violation),
+            Error::NotFound(_) => {
+                status::with_reason(Code::NotFound, message, "STUDENT_NOT_FOUND", DOMAIN)
+            }
+            Error::KeyReused => status::with_reason(
+                Code::FailedPrecondition,
+                message,
+                "IDEMPOTENCY_KEY_REUSED",
+                DOMAIN,
+            ),
+            Error::DocumentNumberTaken => status::with_reason(
+                Code::AlreadyExists,
+                message,
+                "DOCUMENT_NUMBER_TAKEN",
+                DOMAIN,
+            ),
+            Error::Db(cause) => {
                 // The cause goes to the log, never to the caller: it may hold SQL or data.
                 tracing::error!(error = %cause, "database error");
-                Status::new(Code::Internal, "internal error")
+                status::internal()
             }
         }
     }
@@ -63,10 +81,21 @@ mod tests {
                 "a student with this document_number already exists",
             ),
         ];
-        for (err, code, message) in cases {
+        let reasons = [
+            None,
+            Some("STUDENT_NOT_FOUND"),
+            Some("IDEMPOTENCY_KEY_REUSED"),
+            Some("DOCUMENT_NUMBER_TAKEN"),
+        ];
+        for ((err, code, message), reason) in cases.into_iter().zip(reasons) {
             let status = Status::from(err);
             assert_eq!(status.code(), code);
             assert_eq!(status.message(), message);
+            let info = status.get_details_error_info();
+            assert_eq!(info.as_ref().map(|i| i.reason.as_str()), reason);
+            if let Some(info) = info {
+                assert_eq!(info.domain, "students.v1");
+            }
         }
     }
 

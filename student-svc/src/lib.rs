@@ -12,7 +12,7 @@ pub mod students;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use platform::grpc_server::ServiceDefinition;
+use platform::grpc_server::{Limits, ServiceDefinition};
 use proto::student::v1::student_service_server::StudentServiceServer;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
@@ -40,6 +40,22 @@ pub struct Config {
         default_value = "sqlite://data/student.db?mode=rwc"
     )]
     pub database_url: String,
+    /// A request still running after this is cancelled.
+    #[arg(long, env = "STUDENT_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: std::time::Duration,
+    /// Requests in flight at once; more are answered RESOURCE_EXHAUSTED at once.
+    #[arg(long, env = "STUDENT_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
+    pub max_concurrent_requests: usize,
+}
+
+impl Config {
+    /// The server limits this configuration asks for.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            request_timeout: self.request_timeout,
+            max_concurrent_requests: self.max_concurrent_requests,
+        }
+    }
 }
 
 /// Opens the Student DB and brings its schema up to date.
@@ -55,6 +71,7 @@ pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
 pub async fn run(
     listener: TcpListener,
     db: DatabaseConnection,
+    limits: Limits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let service = StudentServiceServer::new(StudentApi::new(db.clone()))
@@ -64,5 +81,5 @@ pub async fn run(
         name: "student.v1.StudentService",
         file_descriptor_set: proto::student::v1::FILE_DESCRIPTOR_SET,
     };
-    platform::grpc_server::serve(listener, definition, db, shutdown).await
+    platform::grpc_server::serve(listener, definition, limits, db, shutdown).await
 }

@@ -12,5 +12,5 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "student-svc listening");
-    student_svc::run(listener, db, shutdown).await
+    student_svc::run(listener, db, config.limits(), shutdown).await
 }

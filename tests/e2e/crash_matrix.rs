@@ -290,7 +290,7 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
     assert_eq!(student.user_link_status(), UserLinkStatus::Failed);
     assert_eq!(
         student.link_error,
-        "ALREADY_EXISTS: document_number is already used by another enabled user"
+        "DOCUMENT_NUMBER_TAKEN: document_number is already used by another enabled user"
     );
 
     let refused = stack.relay_command(&["retry-failed", "--all"]);

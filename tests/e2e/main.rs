@@ -3,6 +3,7 @@
 
 mod support;
 
+mod api_contract;
 mod concurrency;
 mod crash_matrix;
 mod processes;

@@ -220,7 +220,8 @@ async fn a_rejection_fails_the_row_and_shows_on_the_student(backend: Backend) {
     );
     let row = only_row(&app).await;
     assert_eq!((row.status, row.attempts), (OutboxStatus::Failed, 1));
-    let expected_error = "ALREADY_EXISTS: document_number is already used by another enabled user";
+    let expected_error =
+        "DOCUMENT_NUMBER_TAKEN: document_number is already used by another enabled user";
     assert_eq!(row.last_error.as_deref(), Some(expected_error));
 
     let student = app

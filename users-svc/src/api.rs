@@ -84,9 +84,16 @@ fn encode_answer(answer: Answer) -> Result<Response<CreateUserResponse>, Status>
         SavedOutcome::Created { user_id } => Ok(Response::new(CreateUserResponse {
             user_id: user_id.to_string(),
         })),
-        SavedOutcome::Rejected { code, message, .. } => {
-            Err(Status::new(Code::from_i32(code), message))
-        }
+        SavedOutcome::Rejected {
+            code,
+            reason,
+            message,
+        } => Err(platform::status::with_reason(
+            Code::from_i32(code),
+            message,
+            &reason,
+            crate::error::DOMAIN,
+        )),
     };
     if replayed {
         let metadata = match &mut reply {

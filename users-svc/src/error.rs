@@ -1,6 +1,6 @@
 //! Everything a Users use case can fail with, and the one mapping to gRPC statuses.
 
-use platform::validate::FieldViolation;
+use platform::{status, validate::FieldViolation};
 use sea_orm::DbErr;
 use tonic::{Code, Status};
 use uuid::Uuid;
@@ -21,16 +21,30 @@ pub enum Error {
     Db(#[from] DbErr),
 }
 
+/// The `ErrorInfo` domain of this service's reasons.
+pub const DOMAIN: &str = "users.v1";
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
+        let message = err.to_string();
         match err {
-            Error::InvalidArgument(violation) => Status::invalid_argument(violation.to_string()),
-            Error::NotFound(_) | Error::NotInInbox => Status::not_found(err.to_string()),
-            Error::KeyReused => Status::failed_precondition(err.to_string()),
-            Error::Db(ref cause) => {
+            Error::InvalidArgument(violation) => status::invalid_argument(&violation),
+            Error::NotFound(_) => {
+                status::with_reason(Code::NotFound, message, "USER_NOT_FOUND", DOMAIN)
+            }
+            Error::NotInInbox => {
+                status::with_reason(Code::NotFound, message, "NOT_IN_INBOX", DOMAIN)
+            }
+            Error::KeyReused => status::with_reason(
+                Code::FailedPrecondition,
+                message,
+                "IDEMPOTENCY_KEY_REUSED",
+                DOMAIN,
+            ),
+            Error::Db(cause) => {
                 // The cause goes to the log, never to the caller: it may hold SQL or data.
                 tracing::error!(error = %cause, "database error");
-                Status::new(Code::Internal, "internal error")
+                status::internal()
             }
         }
     }

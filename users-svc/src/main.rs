@@ -12,5 +12,5 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "users-svc listening");
-    users_svc::run(listener, db, shutdown).await
+    users_svc::run(listener, db, config.limits(), shutdown).await
 }

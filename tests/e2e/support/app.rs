@@ -2,6 +2,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use platform::grpc_server::Limits;
 use proto::{
     student::v1::student_service_client::StudentServiceClient,
     users::v1::users_service_client::UsersServiceClient,
@@ -29,6 +30,11 @@ pub struct TestApp {
 
 /// Starts both services on fresh databases; `None` when the backend is not configured.
 pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
+    spawn_app_with_limits(backend, Limits::default()).await
+}
+
+/// Like [`spawn_app`], with server limits of the test's choosing.
+pub async fn spawn_app_with_limits(backend: Backend, limits: Limits) -> Option<TestApp> {
     let dbs = TestDatabases::create(backend).await?;
     let shutdown = CancellationToken::new();
 
@@ -44,11 +50,17 @@ pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
     tokio::spawn(student_svc::run(
         listener,
         student_db.clone(),
+        limits,
         shutdown.clone(),
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let users_addr = listener.local_addr().expect("addr");
-    tokio::spawn(users_svc::run(listener, users_db.clone(), shutdown.clone()));
+    tokio::spawn(users_svc::run(
+        listener,
+        users_db.clone(),
+        limits,
+        shutdown.clone(),
+    ));
 
     Some(TestApp {
         student: StudentServiceClient::new(channel(student_addr)),

@@ -1,0 +1,91 @@
+//! gRPC statuses a program can act on: the code, a readable message, and details in the
+//! standard `google.rpc` shapes: `BadRequest` field violations for INVALID_ARGUMENT,
+//! `ErrorInfo` with a stable reason for the rest, `RetryInfo` when retrying later helps.
+
+use std::{collections::HashMap, time::Duration};
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt as _};
+
+use crate::validate::FieldViolation;
+
+/// INVALID_ARGUMENT naming the field, in the message and as a `BadRequest` violation.
+pub fn invalid_argument(violation: &FieldViolation) -> Status {
+    Status::with_error_details(
+        Code::InvalidArgument,
+        violation.to_string(),
+        ErrorDetails::with_bad_request_violation(violation.field, violation.reason.clone()),
+    )
+}
+
+/// A status with an `ErrorInfo` whose `reason` (e.g. `DOCUMENT_NUMBER_TAKEN`) is stable
+/// within `domain` (e.g. `users.v1`): what a program switches on, not the message.
+pub fn with_reason(code: Code, message: impl Into<String>, reason: &str, domain: &str) -> Status {
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, domain, HashMap::new()),
+    )
+}
+
+/// RESOURCE_EXHAUSTED with `RetryInfo`: the server is shedding load; try again after `delay`.
+pub fn overloaded(delay: Duration) -> Status {
+    let mut details = ErrorDetails::with_retry_info(Some(delay));
+    details.set_error_info("OVERLOADED", "grpc.server", HashMap::new());
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        "the server is at its concurrency limit; retry later",
+        details,
+    )
+}
+
+/// INTERNAL with no detail: the cause is logged by the caller, never sent.
+pub fn internal() -> Status {
+    Status::internal("internal error")
+}
+
+/// The `ErrorInfo` reason of `status`, if it carries one.
+pub fn reason(status: &Status) -> Option<String> {
+    status.get_details_error_info().map(|info| info.reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_argument_carries_the_field_violation() {
+        let status = invalid_argument(&FieldViolation::new("email", "must not be empty"));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "invalid email: must not be empty");
+        let bad_request = status.get_details_bad_request().expect("BadRequest");
+        assert_eq!(bad_request.field_violations.len(), 1);
+        assert_eq!(bad_request.field_violations[0].field, "email");
+        assert_eq!(
+            bad_request.field_violations[0].description,
+            "must not be empty"
+        );
+    }
+
+    #[test]
+    fn reasons_round_trip() {
+        let status = with_reason(
+            Code::AlreadyExists,
+            "taken",
+            "DOCUMENT_NUMBER_TAKEN",
+            "users.v1",
+        );
+        assert_eq!(reason(&status).as_deref(), Some("DOCUMENT_NUMBER_TAKEN"));
+        let info = status.get_details_error_info().expect("ErrorInfo");
+        assert_eq!(info.domain, "users.v1");
+        assert_eq!(reason(&Status::internal("x")), None);
+    }
+
+    #[test]
+    fn overload_says_when_to_retry() {
+        let status = overloaded(Duration::from_millis(250));
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        let retry = status.get_details_retry_info().expect("RetryInfo");
+        assert_eq!(retry.retry_delay, Some(Duration::from_millis(250)));
+    }
+}

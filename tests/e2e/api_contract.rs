@@ -1,0 +1,369 @@
+//! The API contract clients act on: races on one key, domain rules kept apart from the
+//! inbox, typed error details, size and load limits.
+
+use std::time::Duration;
+
+use platform::grpc_server::Limits;
+use proto::{
+    student::v1::{CreateStudentRequest, GetStudentRequest, ListStudentsRequest},
+    users::v1::{CreateUserRequest, GetUserRequest},
+};
+use tonic::{Code, Status};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+use tonic_types::StatusExt as _;
+use uuid::Uuid;
+
+use crate::{
+    on_both_backends,
+    support::{
+        Backend,
+        app::spawn_app_with_limits,
+        invariants::{students_and_outbox_rows, users_and_inbox_rows},
+        spawn_app, student_request,
+    },
+};
+
+on_both_backends!(
+    fifty_racing_create_users_with_one_key_get_one_user,
+    fifty_racing_create_students_with_one_client_key_get_one_student,
+    one_key_raced_with_two_requests_never_makes_a_second_user,
+    every_invalid_argument_names_its_field_in_a_bad_request_violation,
+    errors_carry_stable_reasons_in_error_info,
+    oversized_requests_are_out_of_range_and_store_nothing,
+    a_flood_is_shed_quickly_and_the_service_recovers,
+);
+
+fn user_request(key: &str, document_number: &str) -> CreateUserRequest {
+    CreateUserRequest {
+        idempotency_key: key.to_owned(),
+        email: "ana.perez@example.edu".to_owned(),
+        first_name: "Ana".to_owned(),
+        last_name: "Pérez".to_owned(),
+        document_number: document_number.to_owned(),
+        student_id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".to_owned(),
+    }
+}
+
+fn reason_of(status: &Status) -> (String, String) {
+    let info = status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("ErrorInfo on {status:?}"));
+    (info.reason, info.domain)
+}
+
+fn violated_field(status: &Status) -> String {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let bad_request = status
+        .get_details_bad_request()
+        .unwrap_or_else(|| panic!("BadRequest on {status:?}"));
+    assert_eq!(bad_request.field_violations.len(), 1, "{status:?}");
+    bad_request.field_violations[0].field.clone()
+}
+
+async fn fifty_racing_create_users_with_one_key_get_one_user(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let calls = (0..50).map(|_| {
+        let mut users = app.users.clone();
+        async move { users.create_user(user_request("raced", "DOC-1")).await }
+    });
+    let ids: Vec<String> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|answer| {
+            answer
+                .expect("every racer gets OK, never INTERNAL, ABORTED or ALREADY_EXISTS")
+                .into_inner()
+                .user_id
+        })
+        .collect();
+    assert!(
+        ids.iter().all(|id| *id == ids[0]),
+        "one user id for all 50: {ids:?}"
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+async fn fifty_racing_create_students_with_one_client_key_get_one_student(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let request = CreateStudentRequest {
+        idempotency_key: Some("raced".into()),
+        ..student_request(1)
+    };
+    let calls = (0..50).map(|_| {
+        let (mut student, request) = (app.student.clone(), request.clone());
+        async move { student.create_student(request).await }
+    });
+    let answers: Vec<_> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("every racer gets OK").into_inner())
+        .collect();
+    assert!(
+        answers.iter().all(|s| *s == answers[0]),
+        "50 identical answers"
+    );
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
+}
+
+async fn one_key_raced_with_two_requests_never_makes_a_second_user(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let calls = (0..50).map(|n| {
+        let mut users = app.users.clone();
+        // Half the racers send one request, half another, all under one key.
+        let document_number = if n % 2 == 0 { "DOC-A" } else { "DOC-B" };
+        async move {
+            (
+                document_number,
+                users
+                    .create_user(user_request("contested", document_number))
+                    .await,
+            )
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let winners: Vec<(&str, String)> = answers
+        .iter()
+        .filter_map(|(doc, answer)| {
+            answer
+                .as_ref()
+                .ok()
+                .map(|r| (*doc, r.get_ref().user_id.clone()))
+        })
+        .collect();
+    assert!(!winners.is_empty(), "somebody wins");
+    assert!(
+        winners.iter().all(|w| *w == winners[0]),
+        "every OK is the winner's saved answer: {winners:?}"
+    );
+    for (doc, answer) in &answers {
+        if let Err(status) = answer {
+            assert_ne!(
+                *doc, winners[0].0,
+                "the winner's request always gets the saved answer"
+            );
+            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+            assert_eq!(reason_of(status).0, "IDEMPOTENCY_KEY_REUSED");
+        }
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+async fn every_invalid_argument_names_its_field_in_a_bad_request_violation(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (mut student, mut users) = (app.student.clone(), app.users.clone());
+    let bad_student = CreateStudentRequest {
+        email: "nope".into(),
+        ..student_request(1)
+    };
+    assert_eq!(
+        violated_field(&student.create_student(bad_student).await.expect_err("bad")),
+        "email"
+    );
+    let status = student
+        .get_student(GetStudentRequest { id: "x".into() })
+        .await
+        .expect_err("bad");
+    assert_eq!(violated_field(&status), "id");
+    let status = student
+        .list_students(ListStudentsRequest {
+            page_size: 1,
+            page_token: "x".into(),
+        })
+        .await
+        .expect_err("bad");
+    assert_eq!(violated_field(&status), "page_token");
+    let status = users
+        .create_user(user_request("k", "DOC 1"))
+        .await
+        .expect_err("bad");
+    assert_eq!(violated_field(&status), "document_number");
+    let status = users
+        .get_user(GetUserRequest { id: String::new() })
+        .await
+        .expect_err("bad");
+    assert_eq!(violated_field(&status), "id");
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (0, 0));
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+}
+
+async fn errors_carry_stable_reasons_in_error_info(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (mut student, mut users) = (app.student.clone(), app.users.clone());
+    let students = |reason: &str| (reason.to_owned(), "students.v1".to_owned());
+    let users_domain = |reason: &str| (reason.to_owned(), "users.v1".to_owned());
+
+    student
+        .create_student(CreateStudentRequest {
+            idempotency_key: Some("k1".into()),
+            ..student_request(1)
+        })
+        .await
+        .expect("created");
+    let status = student
+        .create_student(CreateStudentRequest {
+            idempotency_key: Some("k1".into()),
+            ..student_request(2)
+        })
+        .await
+        .expect_err("key reused");
+    assert_eq!(reason_of(&status), students("IDEMPOTENCY_KEY_REUSED"));
+    let twin = CreateStudentRequest {
+        document_number: student_request(1).document_number,
+        ..student_request(3)
+    };
+    let status = student
+        .create_student(twin)
+        .await
+        .expect_err("document number taken");
+    assert_eq!(
+        (status.code(), reason_of(&status)),
+        (Code::AlreadyExists, students("DOCUMENT_NUMBER_TAKEN"))
+    );
+    let status = student
+        .get_student(GetStudentRequest {
+            id: Uuid::now_v7().to_string(),
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(reason_of(&status), students("STUDENT_NOT_FOUND"));
+
+    users
+        .create_user(user_request("u1", "DOC-1"))
+        .await
+        .expect("created");
+    let status = users
+        .create_user(user_request("u1", "DOC-2"))
+        .await
+        .expect_err("key reused");
+    assert_eq!(reason_of(&status), users_domain("IDEMPOTENCY_KEY_REUSED"));
+    for replayed in [false, true] {
+        let status = users
+            .create_user(user_request("u2", "DOC-1"))
+            .await
+            .expect_err("document number taken");
+        assert_eq!(
+            (status.code(), reason_of(&status)),
+            (Code::AlreadyExists, users_domain("DOCUMENT_NUMBER_TAKEN"))
+        );
+        assert_eq!(
+            status.metadata().get("idempotent-replayed").is_some(),
+            replayed
+        );
+    }
+    let mut replay_only = tonic::Request::new(user_request("never", "DOC-9"));
+    replay_only
+        .metadata_mut()
+        .insert("idempotency-replay-only", "true".parse().expect("metadata"));
+    let status = users
+        .create_user(replay_only)
+        .await
+        .expect_err("not in inbox");
+    assert_eq!(
+        (status.code(), reason_of(&status)),
+        (Code::NotFound, users_domain("NOT_IN_INBOX"))
+    );
+    let status = users
+        .get_user(GetUserRequest {
+            id: Uuid::now_v7().to_string(),
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(reason_of(&status), users_domain("USER_NOT_FOUND"));
+}
+
+async fn oversized_requests_are_out_of_range_and_store_nothing(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let huge = "x".repeat(70 * 1024);
+    let status = app
+        .student
+        .clone()
+        .create_student(CreateStudentRequest {
+            first_name: huge.clone(),
+            ..student_request(1)
+        })
+        .await
+        .expect_err("too large");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    let status = app
+        .users
+        .clone()
+        .create_user(CreateUserRequest {
+            last_name: huge,
+            ..user_request("k", "DOC-1")
+        })
+        .await
+        .expect_err("too large");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (0, 0));
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+}
+
+async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
+    let limits = Limits {
+        max_concurrent_requests: 4,
+        ..Limits::default()
+    };
+    let Some(app) = spawn_app_with_limits(backend, limits).await else {
+        return;
+    };
+    let calls = (0..300).map(|n| {
+        let mut users = app.users.clone();
+        async move {
+            users
+                .create_user(user_request(&format!("flood-{n}"), &format!("DOC-{n}")))
+                .await
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let mut accepted = 0;
+    let mut shed = 0;
+    for answer in &answers {
+        match answer {
+            Ok(_) => accepted += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                let retry = status.get_details_retry_info().expect("RetryInfo");
+                assert!(retry.retry_delay.is_some_and(|d| d > Duration::ZERO));
+                shed += 1;
+            }
+        }
+    }
+    assert!(shed > 0, "a flood past the limit is shed");
+    assert!(accepted > 0, "the limit still serves");
+    assert_eq!(
+        users_and_inbox_rows(&app.users_db).await,
+        (accepted, accepted),
+        "shed requests store nothing"
+    );
+
+    // Health was never shed, and the service serves again at once.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", app.users_addr))
+        .expect("endpoint")
+        .connect_lazy();
+    let health = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "users.v1.UsersService".into(),
+        })
+        .await
+        .expect("health answers");
+    assert_eq!(health.into_inner().status(), ServingStatus::Serving);
+    app.users
+        .clone()
+        .create_user(user_request("after", "DOC-after"))
+        .await
+        .expect("serves after the flood");
+}
