@@ -6,6 +6,7 @@ mod support;
 mod api_contract;
 mod concurrency;
 mod crash_matrix;
+mod hostile_input;
 mod processes;
 mod reflection;
 mod relay_claims;

@@ -21,6 +21,7 @@ on_both_backends!(
     a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing,
     users_svc_killed_and_restarted_delays_but_loses_nothing,
     sigterm_stops_every_binary_cleanly,
+    a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -160,4 +161,33 @@ async fn sigterm_stops_every_binary_cleanly(backend: Backend) {
         );
     }
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
+}
+
+async fn a_request_past_the_server_timeout_is_cancelled_and_stores_nothing(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    let slow = "users-before-commit=sleep(5000)";
+    stack
+        .restart_users_with(Some(slow), &["--request-timeout", "500ms"])
+        .await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", stack.users_addr))
+        .expect("endpoint")
+        .connect_lazy();
+    let status = proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+        .create_user(proto::users::v1::CreateUserRequest {
+            idempotency_key: "slow".into(),
+            email: "ana@example.edu".into(),
+            first_name: "Ana".into(),
+            last_name: "Pérez".into(),
+            document_number: "DOC-1".into(),
+            student_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .expect_err("the server gives up after its timeout");
+    assert_eq!(status.code(), tonic::Code::Cancelled, "{status:?}");
+    // The handler was dropped mid-transaction: rolled back, and it can never commit later.
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await, (0, 0));
+    stack.assert_running();
 }

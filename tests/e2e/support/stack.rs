@@ -176,8 +176,14 @@ impl Stack {
 
     /// Starts users-svc again on its address, optionally with fail points armed.
     pub async fn restart_users(&mut self, failpoints: Option<&str>) {
+        self.restart_users_with(failpoints, &[]).await;
+    }
+
+    /// Like [`Stack::restart_users`], with extra flags.
+    pub async fn restart_users_with(&mut self, failpoints: Option<&str>, extra: &[&str]) {
         let _ = self.users.kill();
-        let args = users_args(&self.dbs, &self.users_addr.to_string());
+        let mut args = users_args(&self.dbs, &self.users_addr.to_string());
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         self.users = spawn(&self.dbs, "users-svc", &args, failpoints);
         self.users
             .listening_addr(START_TIMEOUT)

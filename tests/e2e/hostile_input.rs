@@ -1,0 +1,330 @@
+//! Property tests: random and hostile strings (control characters, huge, empty,
+//! non-ASCII, SQL, surrounding whitespace) in every request field of every RPC. The answer
+//! is OK, or INVALID_ARGUMENT with a field violation naming that field; the server never
+//! panics; a rejected request stores nothing and an accepted one stores exactly its rows.
+
+use std::{
+    collections::HashSet,
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use proptest::{
+    prelude::*,
+    test_runner::{Config, TestCaseError, TestRunner},
+};
+use proto::{
+    student::v1::{CreateStudentRequest, GetStudentRequest, ListStudentsRequest},
+    users::v1::{CreateUserRequest, GetUserRequest},
+};
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+
+use crate::support::{
+    Backend, TestApp,
+    invariants::{students_and_outbox_rows, users_and_inbox_rows},
+    spawn_app, student_request,
+};
+
+/// Declares `NAME::sqlite` and `NAME::postgres` for a synchronous property `fn NAME(Backend)`.
+macro_rules! property_on_both_backends {
+    ($($property:ident),* $(,)?) => {$(
+        mod $property {
+            #[test]
+            fn sqlite() {
+                super::$property($crate::support::Backend::Sqlite)
+            }
+
+            #[test]
+            fn postgres() {
+                super::$property($crate::support::Backend::Postgres)
+            }
+        }
+    )*};
+}
+
+property_on_both_backends!(
+    create_user_fields_are_accepted_or_named,
+    create_student_fields_are_accepted_or_named,
+    lookup_ids_and_page_tokens_are_accepted_or_named,
+);
+
+/// Cases per property and backend: enough variety to find a gap, quick enough for CI.
+const CASES: u32 = 64;
+
+fn hostile() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        any::<String>(),
+        "\\PC{0,120}",
+        "[ \\t\\n\\r\\x00-\\x1f\\x7f\\u{a0}]{0,2}[A-Za-z0-9@.:_-]{1,12}[ \\t\\n\\x00]{0,2}",
+        "[A-Za-z0-9._:-]{120,136}",
+        ".{95,105}",
+        "[A-Za-z0-9]{1,10}@[a-z]{1,8}\\.[a-z]{2,4}",
+        "x{200,3000}",
+        prop::sample::select(vec![
+            "'; DROP TABLE users; --",
+            "\" OR 1=1 --",
+            "Robert'); DROP TABLE students;--",
+            "ana@example.edu\u{0}",
+            "𝓐𝓷𝓪 Пérez 李",
+            "\u{202e}evil",
+            "null",
+            "../../etc/passwd",
+            "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a",
+        ])
+        .prop_map(str::to_owned),
+    ]
+}
+
+type Check<'a> = Pin<Box<dyn Future<Output = Result<(), TestCaseError>> + 'a>>;
+
+/// Runs `check` on `CASES` generated values against one app on `backend`.
+fn run_property<S: Strategy>(
+    backend: Backend,
+    strategy: S,
+    check: impl Fn(&TestApp, S::Value, usize) -> Check<'_>,
+) where
+    S::Value: std::fmt::Debug,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let Some(app) = runtime.block_on(spawn_app(backend)) else {
+        return;
+    };
+    let case = AtomicUsize::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: CASES,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&strategy, |value| {
+        runtime.block_on(check(&app, value, case.fetch_add(1, Ordering::Relaxed)))
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+    assert_eq!(
+        case.load(Ordering::Relaxed),
+        CASES as usize,
+        "every case ran"
+    );
+}
+
+/// Asserts `status` is INVALID_ARGUMENT whose single field violation names `field`.
+fn names_field(status: &Status, field: &str) -> Result<(), TestCaseError> {
+    prop_assert_eq!(status.code(), Code::InvalidArgument, "{:?}", status);
+    let violations = status
+        .get_details_bad_request()
+        .map(|b| b.field_violations)
+        .unwrap_or_default();
+    prop_assert_eq!(violations.len(), 1, "{:?}", status);
+    prop_assert_eq!(violations[0].field.as_str(), field);
+    Ok(())
+}
+
+const USER_FIELDS: [&str; 6] = [
+    "idempotency_key",
+    "email",
+    "first_name",
+    "last_name",
+    "document_number",
+    "student_id",
+];
+
+fn create_user_fields_are_accepted_or_named(backend: Backend) {
+    let accepted = Arc::new(Mutex::new(HashSet::new()));
+    run_property(
+        backend,
+        (0..USER_FIELDS.len(), hostile()),
+        |app, (field, value), n| {
+            let accepted = accepted.clone();
+            Box::pin(async move {
+                let mut request = CreateUserRequest {
+                    idempotency_key: format!("prop-{n}"),
+                    email: "ana@example.edu".into(),
+                    first_name: "Ana".into(),
+                    last_name: "Pérez".into(),
+                    document_number: format!("DOC-P{n}"),
+                    student_id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".into(),
+                };
+                let slot = match field {
+                    0 => &mut request.idempotency_key,
+                    1 => &mut request.email,
+                    2 => &mut request.first_name,
+                    3 => &mut request.last_name,
+                    4 => &mut request.document_number,
+                    _ => &mut request.student_id,
+                };
+                *slot = value.clone();
+                let before = users_and_inbox_rows(&app.users_db).await;
+                let answer = app.users.clone().create_user(request).await;
+                let after = users_and_inbox_rows(&app.users_db).await;
+                let seen_before = !accepted
+                    .lock()
+                    .expect("lock")
+                    .insert((field, value.clone()));
+                match answer {
+                    Ok(response) if response.metadata().get("idempotent-replayed").is_some() => {
+                        prop_assert!(seen_before, "a replay only for a key already used");
+                        prop_assert_eq!(after, before);
+                    }
+                    Ok(_) => prop_assert_eq!(
+                        after,
+                        (before.0 + 1, before.1 + 1),
+                        "one user and one inbox row"
+                    ),
+                    Err(status) if status.code() == Code::InvalidArgument => {
+                        accepted.lock().expect("lock").remove(&(field, value));
+                        names_field(&status, USER_FIELDS[field])?;
+                        prop_assert_eq!(after, before, "nothing stored");
+                    }
+                    // The same random value, valid, twice: the domain and the inbox answer.
+                    Err(status)
+                        if seen_before && field == 4 && status.code() == Code::AlreadyExists =>
+                    {
+                        prop_assert_eq!(
+                            after,
+                            (before.0, before.1 + 1),
+                            "only the saved rejection"
+                        );
+                    }
+                    Err(status)
+                        if seen_before
+                            && field == 0
+                            && status.code() == Code::FailedPrecondition =>
+                    {
+                        prop_assert_eq!(after, before);
+                    }
+                    Err(status) => prop_assert!(false, "unexpected answer {:?}", status),
+                }
+                Ok(())
+            })
+        },
+    );
+}
+
+const STUDENT_FIELDS: [&str; 5] = [
+    "first_name",
+    "last_name",
+    "email",
+    "document_number",
+    "idempotency_key",
+];
+
+fn create_student_fields_are_accepted_or_named(backend: Backend) {
+    let accepted = Arc::new(Mutex::new(HashSet::new()));
+    run_property(
+        backend,
+        (0..STUDENT_FIELDS.len(), hostile()),
+        |app, (field, value), n| {
+            let accepted = accepted.clone();
+            Box::pin(async move {
+                let mut request = CreateStudentRequest {
+                    idempotency_key: Some(format!("prop-{n}")),
+                    ..student_request(n)
+                };
+                match field {
+                    0 => request.first_name = value.clone(),
+                    1 => request.last_name = value.clone(),
+                    2 => request.email = value.clone(),
+                    3 => request.document_number = value.clone(),
+                    _ => request.idempotency_key = Some(value.clone()),
+                }
+                let before = students_and_outbox_rows(&app.student_db).await;
+                let answer = app.student.clone().create_student(request).await;
+                let after = students_and_outbox_rows(&app.student_db).await;
+                let seen_before = !accepted
+                    .lock()
+                    .expect("lock")
+                    .insert((field, value.clone()));
+                match answer {
+                    Ok(_) => prop_assert_eq!(
+                        after,
+                        (before.0 + 1, before.1 + 1),
+                        "one student and one outbox row"
+                    ),
+                    Err(status) if status.code() == Code::InvalidArgument => {
+                        accepted.lock().expect("lock").remove(&(field, value));
+                        names_field(&status, STUDENT_FIELDS[field])?;
+                        prop_assert_eq!(after, before, "nothing stored");
+                    }
+                    Err(status)
+                        if seen_before && field == 3 && status.code() == Code::AlreadyExists =>
+                    {
+                        prop_assert_eq!(after, before);
+                    }
+                    Err(status)
+                        if seen_before
+                            && field == 4
+                            && status.code() == Code::FailedPrecondition =>
+                    {
+                        prop_assert_eq!(after, before);
+                    }
+                    Err(status) => prop_assert!(false, "unexpected answer {:?}", status),
+                }
+                Ok(())
+            })
+        },
+    );
+}
+
+fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
+    run_property(
+        backend,
+        (0..3usize, hostile(), any::<i32>()),
+        |app, (rpc, value, page_size), _| {
+            Box::pin(async move {
+                let is_uuid = value.len() == 36 && uuid::Uuid::try_parse(&value).is_ok();
+                let (answer, field) = match rpc {
+                    0 => (
+                        app.student
+                            .clone()
+                            .get_student(GetStudentRequest { id: value.clone() })
+                            .await
+                            .map(drop),
+                        "id",
+                    ),
+                    1 => (
+                        app.users
+                            .clone()
+                            .get_user(GetUserRequest { id: value.clone() })
+                            .await
+                            .map(drop),
+                        "id",
+                    ),
+                    _ => {
+                        let request = ListStudentsRequest {
+                            page_size,
+                            page_token: value.clone(),
+                        };
+                        let answer = app.student.clone().list_students(request).await.map(drop);
+                        let field = if page_size < 0 {
+                            "page_size"
+                        } else {
+                            "page_token"
+                        };
+                        (answer, field)
+                    }
+                };
+                match answer {
+                    Ok(()) => {
+                        prop_assert!(rpc == 2 && page_size >= 0 && (value.is_empty() || is_uuid))
+                    }
+                    Err(status) if status.code() == Code::NotFound => {
+                        prop_assert!(rpc < 2 && is_uuid)
+                    }
+                    Err(status) => names_field(&status, field)?,
+                }
+                Ok(())
+            })
+        },
+    );
+}
