@@ -16,6 +16,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use nix::{sys::signal::Signal, unistd::Pid};
+use tonic::transport::ClientTlsConfig;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -248,10 +249,20 @@ pub async fn wait_until_serving(
     service: &str,
     timeout: Duration,
 ) -> anyhow::Result<()> {
+    wait_until_serving_over(addr, service, timeout, None).await
+}
+
+/// Like [`wait_until_serving`], over TLS when given a client configuration.
+pub async fn wait_until_serving_over(
+    addr: SocketAddr,
+    service: &str,
+    timeout: Duration,
+    tls: Option<&ClientTlsConfig>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     let mut last_error = String::new();
     while Instant::now() < deadline {
-        match check_health(addr, service).await {
+        match check_health(addr, service, tls).await {
             Ok(ServingStatus::Serving) => return Ok(()),
             Ok(status) => last_error = format!("status {status:?}"),
             Err(err) => last_error = format!("{err:#}"),
@@ -261,11 +272,18 @@ pub async fn wait_until_serving(
     bail!("{service} at {addr} not SERVING within {timeout:?}: {last_error}")
 }
 
-async fn check_health(addr: SocketAddr, service: &str) -> anyhow::Result<ServingStatus> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_secs(1))
-        .connect()
-        .await?;
+async fn check_health(
+    addr: SocketAddr,
+    service: &str,
+    tls: Option<&ClientTlsConfig>,
+) -> anyhow::Result<ServingStatus> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))?
+        .connect_timeout(Duration::from_secs(1));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.clone())?;
+    }
+    let channel = endpoint.connect().await?;
     let mut client = HealthClient::new(channel);
     let response = client
         .check(HealthCheckRequest {

@@ -5,9 +5,10 @@
 use std::{path::Path, time::Duration};
 
 use anyhow::bail;
-use devstack::{Process, build_binaries, wait_until_serving};
+use devstack::{Process, build_binaries, wait_until_serving_over};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
+use tonic::transport::{Certificate, ClientTlsConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -26,7 +27,8 @@ async fn main() -> anyhow::Result<()> {
         let mut process = Process::spawn_in_own_group(&bin.join(name), &[], &[], &log)?;
         if let Some(service) = service {
             let addr = process.listening_addr(Duration::from_secs(30))?;
-            wait_until_serving(addr, service, Duration::from_secs(30)).await?;
+            let tls = health_tls(name)?;
+            wait_until_serving_over(addr, service, Duration::from_secs(30), tls.as_ref()).await?;
             println!("{name:<12} healthy on {addr}  (log: {})", log.display());
         } else {
             println!("{name:<12} running           (log: {})", log.display());
@@ -53,6 +55,26 @@ async fn main() -> anyhow::Result<()> {
         Ok(()) => Ok(()),
         Err(name) => bail!("{name} exited unexpectedly; see data/{name}.log"),
     }
+}
+
+/// TLS for the health check of `name`, when it serves TLS (`STUDENT_TLS_CERT` /
+/// `USERS_TLS_CERT` set): trusting `USERS_TLS_CA`, the CA the relay trusts too.
+fn health_tls(name: &str) -> anyhow::Result<Option<ClientTlsConfig>> {
+    let cert_var = if name == "student-svc" {
+        "STUDENT_TLS_CERT"
+    } else {
+        "USERS_TLS_CERT"
+    };
+    if std::env::var_os(cert_var).is_none() {
+        return Ok(None);
+    }
+    let tls = match std::env::var_os("USERS_TLS_CA") {
+        Some(ca) => {
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca)?))
+        }
+        None => ClientTlsConfig::new().with_native_roots(),
+    };
+    Ok(Some(tls))
 }
 
 /// Returns the name of the first process that ends on its own.

@@ -2,7 +2,7 @@
 //! health service and server reflection (v1 and v1alpha, so grpcurl of any age can list and
 //! call services without .proto files), served on an already-bound listener until shutdown.
 
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use anyhow::Context as _;
 use sea_orm::DatabaseConnection;
@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{
     service::Routes,
-    transport::{Server, server::TcpIncoming},
+    transport::{Identity, Server, ServerTlsConfig, server::TcpIncoming},
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
@@ -29,6 +29,31 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// Requests in flight across all connections; more are shed (RESOURCE_EXHAUSTED).
     pub max_concurrent_requests: usize,
+}
+
+/// How a server runs: its limits, and TLS when it has a certificate.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    pub limits: Limits,
+    /// The server's certificate chain and key; `None` serves plaintext.
+    pub tls: Option<Identity>,
+}
+
+impl ServerOptions {
+    /// Reads a PEM certificate chain and key; both or neither must be given.
+    pub fn load_tls(cert: Option<&Path>, key: Option<&Path>) -> anyhow::Result<Option<Identity>> {
+        match (cert, key) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => {
+                let cert = std::fs::read(cert)
+                    .with_context(|| format!("cannot read TLS certificate {}", cert.display()))?;
+                let key = std::fs::read(key)
+                    .with_context(|| format!("cannot read TLS key {}", key.display()))?;
+                Ok(Some(Identity::from_pem(cert, key)))
+            }
+            _ => anyhow::bail!("TLS needs both a certificate and a key (--tls-cert and --tls-key)"),
+        }
+    }
 }
 
 impl Default for Limits {
@@ -56,10 +81,11 @@ pub struct ServiceDefinition {
 pub async fn serve(
     listener: TcpListener,
     service: ServiceDefinition,
-    limits: Limits,
+    options: ServerOptions,
     db: DatabaseConnection,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let ServerOptions { limits, tls } = options;
     let ServiceDefinition {
         routes,
         name: service_name,
@@ -86,7 +112,13 @@ pub async fn serve(
     ));
 
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let served = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(identity) = tls {
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .context("invalid TLS certificate or key")?;
+    }
+    let served = builder
         .timeout(limits.request_timeout)
         .layer(ShedLoadLayer::new(
             limits.max_concurrent_requests,
@@ -100,12 +132,14 @@ pub async fn serve(
     served
 }
 
-/// Reflection over the served service and the health service, so that grpcurl can call
-/// `grpc.health.v1.Health/Check` without .proto files too.
+/// Reflection over the served service, the health service (so grpcurl can call
+/// `grpc.health.v1.Health/Check` without .proto files too) and the error-detail messages.
 fn reflection(file_descriptor_set: &'static [u8]) -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(file_descriptor_set)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // The google.rpc error details, so grpcurl can print BadRequest and ErrorInfo.
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
 }
 
 async fn report_database_health(

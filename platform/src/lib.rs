@@ -8,6 +8,7 @@ pub mod failpoint;
 pub mod fingerprint;
 pub mod grpc_server;
 pub mod overload;
+pub mod redact;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

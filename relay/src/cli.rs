@@ -5,8 +5,12 @@ use std::{io::Write as _, process::ExitCode};
 use clap::{Parser, Subcommand};
 use uuid::Uuid;
 
+use anyhow::Context as _;
+
 use crate::{
-    Relay, RunConfig, replay, retry_failed, status, users_client::UsersClient, wakeup::Wakeup,
+    Relay, RunConfig, replay, retry_failed, status,
+    users_client::{UsersClient, UsersConnection},
+    wakeup::Wakeup,
 };
 
 #[derive(Debug, Parser)]
@@ -26,7 +30,7 @@ pub struct Cli {
         global = true
     )]
     pub database_url: String,
-    /// Users service address.
+    /// Users service address (`https://…` for TLS).
     #[arg(
         long,
         env = "USERS_URL",
@@ -34,6 +38,12 @@ pub struct Cli {
         global = true
     )]
     pub users_url: String,
+    /// PEM CA certificate to trust for an `https://` Users URL (default: the system's roots).
+    #[arg(long, env = "USERS_TLS_CA", global = true)]
+    pub users_ca: Option<std::path::PathBuf>,
+    /// Bearer token for Users, when users-svc requires one.
+    #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true, global = true)]
+    pub users_auth_token: Option<String>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -99,37 +109,61 @@ impl ReplayArgs {
 
 /// Runs the parsed command line and returns the process exit code.
 pub async fn execute(cli: Cli) -> ExitCode {
+    let users = match cli.users_connection() {
+        Ok(users) => users,
+        Err(err) => return fail(&err),
+    };
     let result = match cli.command {
-        None => run(&cli.database_url, &cli.users_url, RunConfig::default()).await,
-        Some(Command::Run(config)) => run(&cli.database_url, &cli.users_url, config).await,
-        Some(Command::Replay(args)) => {
-            replay(&cli.database_url, &cli.users_url, &args.selection()).await
-        }
+        None => run(&cli.database_url, &users, RunConfig::default()).await,
+        Some(Command::Run(config)) => run(&cli.database_url, &users, config).await,
+        Some(Command::Replay(args)) => replay(&cli.database_url, &users, &args.selection()).await,
         Some(Command::Status) => status(&cli.database_url).await,
         Some(Command::RetryFailed(args)) => retry(&cli.database_url, &args).await,
     };
-    match result {
-        Ok(code) => code,
-        Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "relay failed");
-            eprintln!("error: {err:#}");
-            ExitCode::from(2)
-        }
+    result.unwrap_or_else(|err| fail(&err))
+}
+
+fn fail(err: &anyhow::Error) -> ExitCode {
+    tracing::error!(error = format!("{err:#}"), "relay failed");
+    eprintln!("error: {err:#}");
+    ExitCode::from(2)
+}
+
+impl Cli {
+    /// How to reach Users, reading the CA file if one is given.
+    fn users_connection(&self) -> anyhow::Result<UsersConnection> {
+        let ca_pem = self
+            .users_ca
+            .as_deref()
+            .map(|path| {
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+            })
+            .transpose()?;
+        Ok(UsersConnection {
+            url: self.users_url.clone(),
+            ca_pem,
+            auth_token: self.users_auth_token.clone(),
+        })
     }
 }
 
-async fn run(database_url: &str, users_url: &str, config: RunConfig) -> anyhow::Result<ExitCode> {
+async fn run(
+    database_url: &str,
+    users: &UsersConnection,
+    config: RunConfig,
+) -> anyhow::Result<ExitCode> {
     config.validate()?;
     let shutdown = platform::shutdown::on_signal()?;
     let Some(db) = crate::open_when_ready(database_url, &shutdown).await else {
         return Ok(ExitCode::SUCCESS);
     };
-    let users = UsersClient::new(users_url, config.call_timeout)?;
+    let users_url = users.url.clone();
+    let users = UsersClient::connect(users, config.call_timeout)?;
     let wakeup = Wakeup::for_database(database_url).await;
     let relay = Relay::new(db, users, config);
     tracing::info!(
         relay = %relay.id,
-        users_url,
+        %users_url,
         batch_size = relay.config.batch_size,
         concurrency = relay.config.concurrency,
         lease = ?relay.config.lease,
@@ -142,11 +176,11 @@ async fn run(database_url: &str, users_url: &str, config: RunConfig) -> anyhow::
 
 async fn replay(
     database_url: &str,
-    users_url: &str,
+    users: &UsersConnection,
     selection: &replay::Selection,
 ) -> anyhow::Result<ExitCode> {
     let db = open_existing(database_url).await?;
-    let users = UsersClient::new(users_url, RunConfig::default().call_timeout)?;
+    let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
     let mut out = std::io::stdout().lock();
     let summary = replay::replay(&db, &users, selection, &mut out).await?;
     out.flush()?;

@@ -162,8 +162,14 @@ impl Relay {
         let payload: CreateUserPayload = match serde_json::from_value(row.payload.clone()) {
             Ok(payload) => payload,
             Err(err) => {
-                // No attempt can ever send this row: fail it visibly instead of looping.
-                tracing::error!(outbox_id = row.id, error = %err, "unreadable outbox payload");
+                // No attempt can ever send this row: fail it visibly instead of looping. The
+                // decode error is not logged: it may quote the payload's personal data.
+                tracing::error!(
+                    outbox_id = row.id,
+                    line = err.line(),
+                    column = err.column(),
+                    "unreadable outbox payload"
+                );
                 let reason = "UNREADABLE_PAYLOAD: the stored payload cannot be decoded";
                 store::record_failure(&self.db, &row, &self.id, FailureKind::Rejected, reason)
                     .await?;

@@ -7,8 +7,8 @@ use proto::users::v1::{CreateUserRequest, users_service_client::UsersServiceClie
 use student_svc::entity::outbox::CreateUserPayload;
 use tonic::{
     Request, Status,
-    metadata::MetadataValue,
-    transport::{Channel, Endpoint},
+    metadata::{Ascii, MetadataValue},
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
 };
 
 /// Response header Users sets when it answered from its inbox.
@@ -21,6 +21,7 @@ const REPLAY_ONLY_HEADER: &str = "idempotency-replay-only";
 pub struct UsersClient {
     inner: UsersServiceClient<Channel>,
     call_timeout: Duration,
+    authorization: Option<MetadataValue<Ascii>>,
 }
 
 /// What Users answered to a CreateUser.
@@ -31,17 +32,75 @@ pub struct CreatedUser {
     pub from_inbox: bool,
 }
 
+/// Where Users is and how to reach it.
+#[derive(Clone, Default)]
+pub struct UsersConnection {
+    /// `http://host:port`, or `https://host:port` for TLS.
+    pub url: String,
+    /// PEM CA certificate(s) to trust for `https://`; the system's roots when `None`.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Sent as `authorization: Bearer <token>` on every call.
+    pub auth_token: Option<String>,
+}
+
+impl UsersConnection {
+    /// Plaintext, no token.
+    pub fn plain(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            ..Self::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for UsersConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsersConnection")
+            .field("url", &self.url)
+            .field("ca_pem", &self.ca_pem.as_ref().map(|_| "…"))
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
 impl UsersClient {
-    /// Prepares a client for `url`. It connects on first use, so the relay can start before
-    /// Users, and reconnects by itself after Users restarts.
+    /// Prepares a plaintext client for `url`, with no token.
     pub fn new(url: &str, call_timeout: Duration) -> anyhow::Result<Self> {
-        let endpoint = Endpoint::from_shared(url.to_owned())
+        Self::connect(&UsersConnection::plain(url), call_timeout)
+    }
+
+    /// Prepares a client. It connects on first use, so the relay can start before Users,
+    /// and reconnects by itself after Users restarts.
+    pub fn connect(connection: &UsersConnection, call_timeout: Duration) -> anyhow::Result<Self> {
+        let url = &connection.url;
+        let mut endpoint = Endpoint::from_shared(url.clone())
             .with_context(|| format!("invalid Users URL {url}"))?
             .connect_timeout(call_timeout)
             .tcp_nodelay(true);
+        if url.starts_with("https://") {
+            let tls = match &connection.ca_pem {
+                Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
+                None => ClientTlsConfig::new().with_native_roots(),
+            };
+            endpoint = endpoint
+                .tls_config(tls)
+                .context("invalid TLS settings for Users")?;
+        } else {
+            anyhow::ensure!(
+                connection.ca_pem.is_none(),
+                "a Users CA was given but USERS_URL is not https://"
+            );
+        }
+        let authorization = connection
+            .auth_token
+            .as_deref()
+            .map(|token| MetadataValue::try_from(format!("Bearer {token}")))
+            .transpose()
+            .context("the Users token must be printable ASCII")?;
         Ok(Self {
             inner: UsersServiceClient::new(endpoint.connect_lazy()),
             call_timeout,
+            authorization,
         })
     }
 
@@ -61,6 +120,11 @@ impl UsersClient {
             document_number: payload.document_number.clone(),
             student_id: payload.student_id.to_string(),
         });
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
         if replay_only {
             request
                 .metadata_mut()

@@ -12,7 +12,7 @@ pub mod students;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use platform::grpc_server::{Limits, ServiceDefinition};
+use platform::grpc_server::{Limits, ServerOptions, ServiceDefinition};
 use proto::student::v1::student_service_server::StudentServiceServer;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
@@ -46,15 +46,24 @@ pub struct Config {
     /// Requests in flight at once; more are answered RESOURCE_EXHAUSTED at once.
     #[arg(long, env = "STUDENT_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
     pub max_concurrent_requests: usize,
+    /// PEM certificate chain: serve TLS (with --tls-key).
+    #[arg(long, env = "STUDENT_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "STUDENT_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl Config {
-    /// The server limits this configuration asks for.
-    pub fn limits(&self) -> Limits {
-        Limits {
-            request_timeout: self.request_timeout,
-            max_concurrent_requests: self.max_concurrent_requests,
-        }
+    /// The server options this configuration asks for (reads the TLS files).
+    pub fn server_options(&self) -> anyhow::Result<ServerOptions> {
+        Ok(ServerOptions {
+            limits: Limits {
+                request_timeout: self.request_timeout,
+                max_concurrent_requests: self.max_concurrent_requests,
+            },
+            tls: ServerOptions::load_tls(self.tls_cert.as_deref(), self.tls_key.as_deref())?,
+        })
     }
 }
 
@@ -71,7 +80,7 @@ pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
 pub async fn run(
     listener: TcpListener,
     db: DatabaseConnection,
-    limits: Limits,
+    options: ServerOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let service = StudentServiceServer::new(StudentApi::new(db.clone()))
@@ -81,5 +90,5 @@ pub async fn run(
         name: "student.v1.StudentService",
         file_descriptor_set: proto::student::v1::FILE_DESCRIPTOR_SET,
     };
-    platform::grpc_server::serve(listener, definition, limits, db, shutdown).await
+    platform::grpc_server::serve(listener, definition, options, db, shutdown).await
 }

@@ -6,11 +6,12 @@ use student_svc::Config;
 async fn main() -> anyhow::Result<()> {
     platform::telemetry::init();
     let config = Config::parse();
+    let options = config.server_options()?;
     let shutdown = platform::shutdown::on_signal()?;
     let db = student_svc::open_database(&config.database_url).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "student-svc listening");
-    student_svc::run(listener, db, config.limits(), shutdown).await
+    tracing::info!(addr = %listener.local_addr()?, tls = options.tls.is_some(), "student-svc listening");
+    student_svc::run(listener, db, options, shutdown).await
 }

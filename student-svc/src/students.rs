@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use platform::{
     db::{begin_write, is_unique_violation, now},
-    failpoint,
+    failpoint, redact,
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait,
@@ -52,7 +52,11 @@ pub async fn create_student(
     match insert_student_with_outbox(db, &new, request_hash.clone()).await {
         Ok(view) => {
             tracing::Span::current().record("student_id", tracing::field::display(view.student.id));
-            tracing::info!("student created with pending create-user effect");
+            tracing::info!(
+                email = %redact::email(&view.student.email),
+                document_number = %redact::document_number(&view.student.document_number),
+                "student created with pending create-user effect"
+            );
             Ok(view)
         }
         Err(Error::Db(err)) if is_unique_violation(&err) => {

@@ -11,5 +11,6 @@ mod processes;
 mod reflection;
 mod relay_claims;
 mod relay_delivery;
+mod security;
 mod student_service;
 mod users_service;

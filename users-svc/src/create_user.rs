@@ -8,7 +8,7 @@
 
 use platform::{
     db::{begin_write, is_unique_violation, now},
-    failpoint,
+    failpoint, redact,
 };
 use sea_orm::{ActiveModelTrait, DatabaseConnection, EntityTrait, Set};
 use tonic::Code;
@@ -57,7 +57,12 @@ pub async fn create_user(
     }
     match insert_user_with_inbox(db, &new, &request_hash).await {
         Ok(user_id) => {
-            tracing::info!(%user_id, "user created");
+            tracing::info!(
+                %user_id,
+                email = %redact::email(&new.email),
+                document_number = %redact::document_number(&new.document_number),
+                "user created"
+            );
             return Ok(Answer {
                 outcome: SavedOutcome::Created { user_id },
                 replayed: false,

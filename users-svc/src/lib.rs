@@ -4,6 +4,7 @@
 //! this database.
 
 mod api;
+pub mod auth;
 pub mod create_user;
 pub mod entity;
 mod error;
@@ -12,14 +13,15 @@ mod new_user;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use platform::grpc_server::{Limits, ServiceDefinition};
+use platform::grpc_server::{Limits, ServerOptions, ServiceDefinition};
 use proto::users::v1::users_service_server::UsersServiceServer;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::service::Routes;
+use tonic::service::{Routes, interceptor::InterceptedService};
 
 pub use api::{REPLAY_ONLY_HEADER, REPLAYED_HEADER, UsersApi};
+use auth::{AuthToken, RequireToken};
 pub use error::Error;
 pub use new_user::NewUser;
 
@@ -46,15 +48,32 @@ pub struct Config {
     /// Requests in flight at once; more are answered RESOURCE_EXHAUSTED at once.
     #[arg(long, env = "USERS_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
     pub max_concurrent_requests: usize,
+    /// PEM certificate chain: serve TLS (with --tls-key).
+    #[arg(long, env = "USERS_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "USERS_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Require `authorization: Bearer <token>` on CreateUser and GetUser (16 bytes or more).
+    #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
 }
 
 impl Config {
-    /// The server limits this configuration asks for.
-    pub fn limits(&self) -> Limits {
-        Limits {
-            request_timeout: self.request_timeout,
-            max_concurrent_requests: self.max_concurrent_requests,
-        }
+    /// The token callers must present, if one is configured (refused if too short).
+    pub fn auth_token(&self) -> anyhow::Result<Option<AuthToken>> {
+        self.auth_token.as_deref().map(AuthToken::new).transpose()
+    }
+
+    /// The server options this configuration asks for (reads the TLS files).
+    pub fn server_options(&self) -> anyhow::Result<ServerOptions> {
+        Ok(ServerOptions {
+            limits: Limits {
+                request_timeout: self.request_timeout,
+                max_concurrent_requests: self.max_concurrent_requests,
+            },
+            tls: ServerOptions::load_tls(self.tls_cert.as_deref(), self.tls_key.as_deref())?,
+        })
     }
 }
 
@@ -71,15 +90,17 @@ pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
 pub async fn run(
     listener: TcpListener,
     db: DatabaseConnection,
-    limits: Limits,
+    options: ServerOptions,
+    auth_token: Option<AuthToken>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let service = UsersServiceServer::new(UsersApi::new(db.clone()))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let service = InterceptedService::new(service, RequireToken(auth_token));
     let definition = ServiceDefinition {
         routes: Routes::new(service),
         name: "users.v1.UsersService",
         file_descriptor_set: proto::users::v1::FILE_DESCRIPTOR_SET,
     };
-    platform::grpc_server::serve(listener, definition, limits, db, shutdown).await
+    platform::grpc_server::serve(listener, definition, options, db, shutdown).await
 }

@@ -2,7 +2,14 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use platform::grpc_server::Limits;
+use platform::grpc_server::{Limits, ServerOptions};
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+};
+use users_svc::auth::AuthToken;
+
+use super::certs::TestPki;
 use proto::{
     student::v1::student_service_client::StudentServiceClient,
     users::v1::users_service_client::UsersServiceClient,
@@ -18,7 +25,7 @@ use super::{Backend, TestDatabases};
 /// The system minus the relay process: both services running in this test's runtime.
 pub struct TestApp {
     pub student: StudentServiceClient<Channel>,
-    pub users: UsersServiceClient<Channel>,
+    pub users: UsersTestClient,
     pub student_addr: SocketAddr,
     pub users_addr: SocketAddr,
     pub student_db: DatabaseConnection,
@@ -28,13 +35,36 @@ pub struct TestApp {
     pub databases: TestDatabases,
 }
 
+/// How a test wants its services run.
+#[derive(Default)]
+pub struct AppOptions {
+    pub limits: Limits,
+    /// Serve both services over TLS with this PKI's server certificate.
+    pub tls: Option<TestPki>,
+    /// Require this bearer token on the Users API.
+    pub users_token: Option<String>,
+}
+
 /// Starts both services on fresh databases; `None` when the backend is not configured.
 pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
-    spawn_app_with_limits(backend, Limits::default()).await
+    spawn_app_with(backend, AppOptions::default()).await
 }
 
 /// Like [`spawn_app`], with server limits of the test's choosing.
 pub async fn spawn_app_with_limits(backend: Backend, limits: Limits) -> Option<TestApp> {
+    spawn_app_with(
+        backend,
+        AppOptions {
+            limits,
+            ..AppOptions::default()
+        },
+    )
+    .await
+}
+
+/// Like [`spawn_app`], with limits, TLS and a Users token of the test's choosing. Clients
+/// are set up to match (trusting the PKI, sending the token).
+pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<TestApp> {
     let dbs = TestDatabases::create(backend).await?;
     let shutdown = CancellationToken::new();
 
@@ -47,24 +77,36 @@ pub async fn spawn_app_with_limits(backend: Backend, limits: Limits) -> Option<T
 
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let student_addr = listener.local_addr().expect("addr");
+    let server = ServerOptions {
+        limits: options.limits,
+        tls: options.tls.as_ref().map(TestPki::identity),
+    };
     tokio::spawn(student_svc::run(
         listener,
         student_db.clone(),
-        limits,
+        server.clone(),
         shutdown.clone(),
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let users_addr = listener.local_addr().expect("addr");
+    let token = options
+        .users_token
+        .as_deref()
+        .map(|t| AuthToken::new(t).expect("test token"));
     tokio::spawn(users_svc::run(
         listener,
         users_db.clone(),
-        limits,
+        server,
+        token,
         shutdown.clone(),
     ));
 
     Some(TestApp {
-        student: StudentServiceClient::new(channel(student_addr)),
-        users: UsersServiceClient::new(channel(users_addr)),
+        student: StudentServiceClient::new(channel(student_addr, options.tls.as_ref())),
+        users: UsersServiceClient::with_interceptor(
+            channel(users_addr, options.tls.as_ref()),
+            bearer(options.users_token.clone()),
+        ),
         student_addr,
         users_addr,
         student_db,
@@ -114,9 +156,38 @@ impl Drop for TestApp {
     }
 }
 
-/// A lazily connecting channel: the server is already listening.
-fn channel(addr: SocketAddr) -> Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("endpoint")
-        .connect_lazy()
+/// A lazily connecting channel (the server is already listening), over TLS when given a PKI.
+pub fn channel(addr: SocketAddr, tls: Option<&TestPki>) -> Channel {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}")).expect("endpoint");
+    if let Some(pki) = tls {
+        endpoint = endpoint.tls_config(pki.client_tls()).expect("client TLS");
+    }
+    endpoint.connect_lazy()
+}
+
+/// A Users client as tests use it: sending the bearer token when the test has one.
+pub type UsersTestClient = UsersServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// Adds `authorization: Bearer <token>` to every call, when there is a token.
+#[derive(Clone)]
+pub struct BearerToken(Option<MetadataValue<Ascii>>);
+
+fn bearer(token: Option<String>) -> BearerToken {
+    BearerToken(token.map(|t| format!("Bearer {t}").parse().expect("ascii token")))
+}
+
+impl Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }

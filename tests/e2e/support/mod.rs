@@ -2,6 +2,7 @@
 //! every scenario ends by checking.
 
 pub mod app;
+pub mod certs;
 pub mod databases;
 pub mod invariants;
 pub mod stack;

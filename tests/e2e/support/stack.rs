@@ -54,6 +54,8 @@ pub fn binaries() -> &'static Path {
 
 /// `users-svc`, `student-svc` and relays running against one test's databases.
 pub struct Stack {
+    /// `RUST_LOG` of every process this stack starts.
+    pub log_filter: String,
     pub users: Process,
     pub student: Process,
     pub relays: Vec<Process>,
@@ -69,14 +71,26 @@ impl Stack {
     /// Starts Users, then one relay (before the Student DB has a schema: it must wait),
     /// then Student; returns once both services are healthy.
     pub async fn start(backend: Backend) -> Option<Self> {
+        Self::start_logging(backend, "info").await
+    }
+
+    /// Like [`Stack::start`], with `RUST_LOG=log_filter` for every process.
+    pub async fn start_logging(backend: Backend, log_filter: &str) -> Option<Self> {
         let dbs = TestDatabases::create(backend).await?;
-        let mut users = spawn(&dbs, "users-svc", &users_args(&dbs, "127.0.0.1:0"), None);
+        let mut users = spawn(
+            &dbs,
+            log_filter,
+            "users-svc",
+            &users_args(&dbs, "127.0.0.1:0"),
+            None,
+        );
         let users_addr = users
             .listening_addr(START_TIMEOUT)
             .expect("users-svc listens");
-        let relay = spawn_relay(&dbs, users_addr, None, &[]);
+        let relay = spawn_relay(&dbs, log_filter, users_addr, None, &[]);
         let mut student = spawn(
             &dbs,
+            log_filter,
             "student-svc",
             &student_args(&dbs, "127.0.0.1:0"),
             None,
@@ -97,6 +111,7 @@ impl Stack {
             .await
             .expect("Users DB");
         Some(Self {
+            log_filter: log_filter.to_owned(),
             users,
             student,
             relays: vec![relay],
@@ -155,8 +170,13 @@ impl Stack {
     /// Starts one more relay, with `failpoints` armed (`FAILPOINTS` syntax) if given, and
     /// extra `run` flags (later flags override the test tuning).
     pub fn start_relay(&mut self, failpoints: Option<&str>, extra: &[&str]) {
-        self.relays
-            .push(spawn_relay(&self.dbs, self.users_addr, failpoints, extra));
+        self.relays.push(spawn_relay(
+            &self.dbs,
+            &self.log_filter,
+            self.users_addr,
+            failpoints,
+            extra,
+        ));
     }
 
     /// Waits for relay `index` to die at an armed `abort` fail point.
@@ -184,7 +204,7 @@ impl Stack {
         let _ = self.users.kill();
         let mut args = users_args(&self.dbs, &self.users_addr.to_string());
         args.extend(extra.iter().map(|a| (*a).to_owned()));
-        self.users = spawn(&self.dbs, "users-svc", &args, failpoints);
+        self.users = spawn(&self.dbs, &self.log_filter, "users-svc", &args, failpoints);
         self.users
             .listening_addr(START_TIMEOUT)
             .expect("users-svc listens again");
@@ -207,7 +227,13 @@ impl Stack {
     pub async fn restart_student(&mut self, failpoints: Option<&str>) {
         let _ = self.student.kill();
         let args = student_args(&self.dbs, &self.student_addr.to_string());
-        self.student = spawn(&self.dbs, "student-svc", &args, failpoints);
+        self.student = spawn(
+            &self.dbs,
+            &self.log_filter,
+            "student-svc",
+            &args,
+            failpoints,
+        );
         self.student
             .listening_addr(START_TIMEOUT)
             .expect("student-svc listens again");
@@ -237,7 +263,7 @@ impl Stack {
             .args(args)
             .env("STUDENT_DATABASE_URL", &self.dbs.student_url)
             .env("USERS_URL", format!("http://{}", self.users_addr))
-            .env("RUST_LOG", "warn");
+            .env("RUST_LOG", &self.log_filter);
         command.output().expect("run relay command")
     }
 
@@ -289,6 +315,18 @@ impl Stack {
             .expect("outbox")
     }
 
+    /// Every log the processes wrote so far (all three files).
+    pub fn all_logs(&self) -> String {
+        ["users-svc", "student-svc", "relay"]
+            .iter()
+            .map(|name| {
+                std::fs::read_to_string(self.dbs.dir.path().join(format!("{name}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The relays' log so far.
     pub fn relay_log(&self) -> String {
         std::fs::read_to_string(self.dbs.dir.path().join("relay.log")).unwrap_or_default()
@@ -335,6 +373,7 @@ fn student_args(dbs: &TestDatabases, listen: &str) -> Vec<String> {
 
 fn spawn_relay(
     dbs: &TestDatabases,
+    log_filter: &str,
     users_addr: SocketAddr,
     failpoints: Option<&str>,
     extra: &[&str],
@@ -350,11 +389,17 @@ fn spawn_relay(
     .map(str::to_owned)
     .to_vec();
     args.extend(RELAY_TUNING.iter().chain(extra).map(|a| (*a).to_owned()));
-    spawn(dbs, "relay", &args, failpoints)
+    spawn(dbs, log_filter, "relay", &args, failpoints)
 }
 
-fn spawn(dbs: &TestDatabases, name: &str, args: &[String], failpoints: Option<&str>) -> Process {
-    let mut envs = vec![("RUST_LOG".to_owned(), "info".to_owned())];
+fn spawn(
+    dbs: &TestDatabases,
+    log_filter: &str,
+    name: &str,
+    args: &[String],
+    failpoints: Option<&str>,
+) -> Process {
+    let mut envs = vec![("RUST_LOG".to_owned(), log_filter.to_owned())];
     if let Some(failpoints) = failpoints {
         envs.push(("FAILPOINTS".to_owned(), failpoints.to_owned()));
     }

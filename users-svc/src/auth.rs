@@ -1,0 +1,119 @@
+//! Bearer-token authentication of the Users API. Users creates accounts, so when a token is
+//! configured only callers that present it (the relay, operators) may call CreateUser and
+//! GetUser. Health and reflection stay open: they reveal nothing and monitors need them.
+
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+use tonic::{Request, Status, service::Interceptor};
+
+/// A shared secret of at least [`AuthToken::MIN_BYTES`] bytes. Its `Debug` never shows it.
+#[derive(Clone)]
+pub struct AuthToken {
+    digest: [u8; 32],
+}
+
+impl AuthToken {
+    /// The shortest token accepted: shorter ones are guessable.
+    pub const MIN_BYTES: usize = 16;
+
+    /// Accepts `token` if it is long enough.
+    pub fn new(token: &str) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            token.len() >= Self::MIN_BYTES,
+            "USERS_AUTH_TOKEN must be at least {} bytes long",
+            Self::MIN_BYTES
+        );
+        Ok(Self {
+            digest: Sha256::digest(token.as_bytes()).into(),
+        })
+    }
+
+    /// Compares in constant time. Both sides are hashed first, so not even the token's
+    /// length leaks through timing.
+    fn matches(&self, given: &str) -> bool {
+        let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+        self.digest.ct_eq(&given).into()
+    }
+}
+
+impl std::fmt::Debug for AuthToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthToken(***)")
+    }
+}
+
+/// Rejects calls without `authorization: Bearer <token>` when a token is configured.
+#[derive(Clone, Debug)]
+pub struct RequireToken(pub Option<AuthToken>);
+
+impl Interceptor for RequireToken {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Ok(request);
+        };
+        let presented = request
+            .metadata()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        match presented {
+            Some(given) if token.matches(given) => Ok(request),
+            // The same answer whether the header is missing, malformed or wrong.
+            _ => Err(Status::unauthenticated("missing or invalid bearer token")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef-secret";
+
+    fn call(token: Option<&str>, header: Option<&str>) -> Result<(), Status> {
+        let mut interceptor = RequireToken(token.map(|t| AuthToken::new(t).expect("long enough")));
+        let mut request = Request::new(());
+        if let Some(header) = header {
+            request
+                .metadata_mut()
+                .insert("authorization", header.parse().expect("ascii"));
+        }
+        interceptor.call(request).map(drop)
+    }
+
+    #[test]
+    fn the_right_bearer_token_passes() {
+        assert!(call(Some(TOKEN), Some(&format!("Bearer {TOKEN}"))).is_ok());
+    }
+
+    #[test]
+    fn missing_malformed_or_wrong_tokens_get_one_answer() {
+        for header in [
+            None,
+            Some("Bearer nope"),
+            Some(TOKEN),
+            Some("Basic abc"),
+            Some("Bearer "),
+        ] {
+            let status = call(Some(TOKEN), header).expect_err("refused");
+            assert_eq!(status.code(), tonic::Code::Unauthenticated);
+            assert_eq!(status.message(), "missing or invalid bearer token");
+        }
+    }
+
+    #[test]
+    fn without_a_configured_token_everything_passes() {
+        assert!(call(None, None).is_ok());
+    }
+
+    #[test]
+    fn short_tokens_are_refused_and_debug_hides_the_token() {
+        let err = AuthToken::new("short").expect_err("too short");
+        assert_eq!(
+            err.to_string(),
+            "USERS_AUTH_TOKEN must be at least 16 bytes long"
+        );
+        let token = AuthToken::new(TOKEN).expect("long enough");
+        assert_eq!(format!("{token:?}"), "AuthToken(***)");
+    }
+}
