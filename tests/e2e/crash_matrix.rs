@@ -260,14 +260,7 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
             .connect_lazy(),
     );
     users
-        .create_user(proto::users::v1::CreateUserRequest {
-            idempotency_key: "someone-else".into(),
-            email: "other@example.edu".into(),
-            first_name: "Other".into(),
-            last_name: "Person".into(),
-            document_number: student_request(0).document_number,
-            student_id: uuid::Uuid::now_v7().to_string(),
-        })
+        .create_user(crate::support::conflicting_user_request(0))
         .await
         .expect("a user already holds the document number");
     let id = stack.create_students(0..1).await.remove(0);

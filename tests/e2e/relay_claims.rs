@@ -2,12 +2,10 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use proto::users::v1::CreateUserRequest;
 use relay::{BatchOutcome, RunConfig, retry_failed, store, wakeup::Wakeup};
 use sea_orm::EntityTrait;
 use student_svc::entity::outbox::{self, FailureKind, OutboxStatus};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use crate::{
     on_both_backends,
@@ -200,14 +198,7 @@ async fn a_failing_row_does_not_block_the_rows_behind_it(backend: Backend) {
     // The oldest row will be rejected: its document number is taken in Users.
     app.users
         .clone()
-        .create_user(CreateUserRequest {
-            idempotency_key: "other".into(),
-            email: "other@example.edu".into(),
-            first_name: "Other".into(),
-            last_name: "Person".into(),
-            document_number: student_request(0).document_number,
-            student_id: Uuid::now_v7().to_string(),
-        })
+        .create_user(crate::support::conflicting_user_request(0))
         .await
         .expect("other user");
     create_students(&app, 0..4).await;

@@ -196,14 +196,7 @@ async fn a_rejection_fails_the_row_and_shows_on_the_student(backend: Backend) {
     // Another enabled user already holds the document number (created directly in Users).
     app.users
         .clone()
-        .create_user(CreateUserRequest {
-            idempotency_key: "someone-else".into(),
-            email: "other@example.edu".into(),
-            first_name: "Other".into(),
-            last_name: "Person".into(),
-            document_number: student_request(0).document_number,
-            student_id: Uuid::now_v7().to_string(),
-        })
+        .create_user(crate::support::conflicting_user_request(0))
         .await
         .expect("the other user");
 

@@ -11,7 +11,7 @@ use std::{future::Future, time::Duration};
 
 pub use app::{TestApp, spawn_app};
 pub use databases::{Backend, TestDatabases};
-use proto::student::v1::CreateStudentRequest;
+use proto::{student::v1::CreateStudentRequest, users::v1::CreateUserRequest};
 
 /// Declares a test per backend for each listed scenario `async fn NAME(backend: Backend)`:
 /// `NAME::sqlite` and `NAME::postgres`.
@@ -60,5 +60,18 @@ pub fn student_request(n: usize) -> CreateStudentRequest {
         email: format!("ana.perez.{n}@example.edu"),
         document_number: format!("DOC-{n:05}"),
         idempotency_key: None,
+    }
+}
+
+/// A CreateUser for somebody else who already holds student `n`'s document number: sent
+/// to Users directly, it makes the relay's delivery for student `n` a domain conflict.
+pub fn conflicting_user_request(n: usize) -> CreateUserRequest {
+    CreateUserRequest {
+        idempotency_key: format!("someone-else-{n}"),
+        email: "other@example.edu".to_owned(),
+        first_name: "Other".to_owned(),
+        last_name: "Person".to_owned(),
+        document_number: student_request(n).document_number,
+        student_id: uuid::Uuid::now_v7().to_string(),
     }
 }
