@@ -15,7 +15,8 @@ async fn main() -> anyhow::Result<()> {
     // Registered first, so a Ctrl-C at any moment reaches the handler below.
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let bin = build_binaries(false, &[])?;
+    // `cargo run --release -p devstack` runs release binaries (for benchmarks).
+    let bin = build_binaries(!cfg!(debug_assertions), &[])?;
     std::fs::create_dir_all("data")?;
     let mut processes = Vec::new();
     for (name, service) in [
