@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now};
+use sea_orm::UpdateMany;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
     Statement,
@@ -149,7 +151,7 @@ pub async fn record_delivery(
             None => RecordError::StudentMissing(row.aggregate_id),
         });
     }
-    outbox::Entity::update_many()
+    without_lease(outbox::Entity::update_many())
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Done))
         .col_expr(
             outbox::Column::DeliveredUserId,
@@ -159,14 +161,6 @@ pub async fn record_delivery(
         .col_expr(
             outbox::Column::LastError,
             Expr::value(Option::<String>::None),
-        )
-        .col_expr(
-            outbox::Column::LockedBy,
-            Expr::value(Option::<String>::None),
-        )
-        .col_expr(
-            outbox::Column::LockedUntil,
-            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
         )
         .filter(outbox::Column::Id.eq(row.id))
         .filter(outbox::Column::Status.ne(OutboxStatus::Done))
@@ -230,19 +224,11 @@ pub async fn record_failure(
     kind: FailureKind,
     error: &str,
 ) -> Result<(), DbErr> {
-    outbox::Entity::update_many()
+    without_lease(outbox::Entity::update_many())
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Failed))
         .col_expr(outbox::Column::FailureKind, Expr::value(kind))
         .col_expr(outbox::Column::LastError, Expr::value(error.to_owned()))
         .col_expr(outbox::Column::ProcessedAt, Expr::value(now()))
-        .col_expr(
-            outbox::Column::LockedBy,
-            Expr::value(Option::<String>::None),
-        )
-        .col_expr(
-            outbox::Column::LockedUntil,
-            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
-        )
         .filter(outbox::Column::Id.eq(row.id))
         .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
         .filter(outbox::Column::LockedBy.eq(relay_id))
@@ -257,27 +243,32 @@ pub async fn release(db: &DatabaseConnection, ids: &[i64], relay_id: &str) -> Re
     if ids.is_empty() {
         return Ok(0);
     }
-    let released = outbox::Entity::update_many()
+    let released = without_lease(outbox::Entity::update_many())
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
         .col_expr(
             outbox::Column::Attempts,
             Expr::col(outbox::Column::Attempts).sub(1),
         )
         .col_expr(outbox::Column::AvailableAt, Expr::value(now()))
-        .col_expr(
-            outbox::Column::LockedBy,
-            Expr::value(Option::<String>::None),
-        )
-        .col_expr(
-            outbox::Column::LockedUntil,
-            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
-        )
         .filter(outbox::Column::Id.is_in(ids.iter().copied()))
         .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
         .filter(outbox::Column::LockedBy.eq(relay_id))
         .exec(db)
         .await?;
     Ok(released.rows_affected)
+}
+
+/// Adds "no relay holds this row" (`locked_by`, `locked_until` cleared) to an update.
+fn without_lease(update: UpdateMany<outbox::Entity>) -> UpdateMany<outbox::Entity> {
+    update
+        .col_expr(
+            outbox::Column::LockedBy,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            outbox::Column::LockedUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
 }
 
 /// The outbox entity's columns, quoted and comma-separated.
