@@ -9,13 +9,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now};
-use sea_orm::UpdateMany;
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
-    Statement,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    IdenStatic as _, Iterable as _, QueryFilter, Statement, UpdateMany,
     sea_query::{Expr, ExprTrait},
 };
-use sea_orm::{IdenStatic as _, Iterable as _};
 use student_svc::entity::{
     outbox::{self, FailureKind, OutboxStatus},
     students,
