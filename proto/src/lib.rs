@@ -18,6 +18,13 @@ pub mod users {
     pub mod v1 {
         tonic::include_proto!("users.v1");
 
+        /// Response header (value `true`) on an answer that came from the inbox: the
+        /// key's operation was executed before and this is its saved answer.
+        pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+        /// Request metadata (value `true`) that forbids execution: CreateUser answers from
+        /// the inbox or with NOT_FOUND, and never creates.
+        pub const REPLAY_ONLY_HEADER: &str = "idempotency-replay-only";
+
         /// Encoded descriptors of `users.v1` and its imports, for server reflection.
         pub const FILE_DESCRIPTOR_SET: &[u8] =
             tonic::include_file_descriptor_set!("users_descriptor");

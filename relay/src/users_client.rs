@@ -3,18 +3,16 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use proto::users::v1::{CreateUserRequest, users_service_client::UsersServiceClient};
+use proto::users::v1::{
+    CreateUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
+    users_service_client::UsersServiceClient,
+};
 use student_svc::entity::outbox::CreateUserPayload;
 use tonic::{
     Request, Status,
     metadata::{Ascii, MetadataValue},
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
 };
-
-/// Response header Users sets when it answered from its inbox.
-const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// Request metadata asking Users to answer from its inbox only, never to create.
-const REPLAY_ONLY_HEADER: &str = "idempotency-replay-only";
 
 /// A client of the Users service with a deadline on every call.
 #[derive(Clone)]

@@ -3,7 +3,8 @@
 use platform::validate;
 use prost_types::Timestamp;
 use proto::users::v1::{
-    CreateUserRequest, CreateUserResponse, GetUserRequest, User, users_service_server::UsersService,
+    CreateUserRequest, CreateUserResponse, GetUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
+    User, users_service_server::UsersService,
 };
 use sea_orm::{DatabaseConnection, EntityTrait};
 use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
@@ -14,11 +15,6 @@ use crate::{
     error::Error,
     new_user::NewUser,
 };
-
-/// Response header set (to `true`) when the answer comes from the inbox.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// Request metadata that (set to `true`) forbids execution: answer from the inbox only.
-pub const REPLAY_ONLY_HEADER: &str = "idempotency-replay-only";
 
 /// Implements `users.v1.UsersService` over the Users DB.
 pub struct UsersApi {

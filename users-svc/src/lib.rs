@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::service::{Routes, interceptor::InterceptedService};
 
-pub use api::{REPLAY_ONLY_HEADER, REPLAYED_HEADER, UsersApi};
+pub use api::UsersApi;
 use auth::{AuthToken, RequireToken};
 pub use error::Error;
 pub use new_user::NewUser;
