@@ -3,7 +3,7 @@
 //! user that is linked. Users can never create anything from a replay, and nothing is
 //! written to the Student DB.
 
-use std::io::Write;
+use std::{collections::HashMap, io::Write};
 
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
 use student_svc::entity::{
@@ -70,12 +70,10 @@ pub async fn replay(
         )?;
         summary.errors += 1;
     }
+    let links = linked_users(db, &rows).await?;
     for row in rows {
         summary.replayed += 1;
-        let linked = students::Entity::find_by_id(row.aggregate_id)
-            .one(db)
-            .await?
-            .and_then(|student| student.user_id);
+        let linked = links.get(&row.aggregate_id).copied();
         let answer = match serde_json::from_value::<CreateUserPayload>(row.payload.clone()) {
             Ok(payload) => users
                 .create_user(&row.idempotency_key, &payload, true)
@@ -117,6 +115,28 @@ pub async fn replay(
         summary.replayed, summary.matched, summary.mismatched, summary.errors
     )?;
     Ok(summary)
+}
+
+/// The user each row's student is linked to, read in a few queries rather than one per row.
+async fn linked_users(
+    db: &DatabaseConnection,
+    rows: &[outbox::Model],
+) -> anyhow::Result<HashMap<Uuid, Uuid>> {
+    // Chunks stay far below every backend's limit on bound parameters.
+    const CHUNK: usize = 1_000;
+    let mut links = HashMap::with_capacity(rows.len());
+    for chunk in rows.chunks(CHUNK) {
+        let students = students::Entity::find()
+            .filter(students::Column::Id.is_in(chunk.iter().map(|row| row.aggregate_id)))
+            .all(db)
+            .await?;
+        links.extend(
+            students
+                .into_iter()
+                .filter_map(|s| Some((s.id, s.user_id?))),
+        );
+    }
+    Ok(links)
 }
 
 fn describe(selection: &Selection) -> String {

@@ -5,7 +5,7 @@
 //! relays on machines with skewed clocks agree; on SQLite (one machine) the application's,
 //! bound as values in the stored format, never compared with SQLite's own time functions.
 
-use std::time::Duration;
+use std::{sync::LazyLock, time::Duration};
 
 use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now};
@@ -34,26 +34,10 @@ pub async fn claim_batch(
     lease: Duration,
 ) -> Result<Vec<outbox::Model>, DbErr> {
     let backend = db.get_database_backend();
-    // The columns are named, never `*`: a cached statement must not change shape when the
-    // schema gains a column.
-    let columns = outbox_columns();
     let statement = match backend {
         DbBackend::Postgres => Statement::from_sql_and_values(
             backend,
-            format!(
-                r#"UPDATE outbox
-                      SET status = 'processing', locked_by = $1,
-                          locked_until = now() + $2 * interval '1 millisecond',
-                          attempts = attempts + 1
-                    WHERE id IN (
-                          SELECT id FROM outbox
-                           WHERE (status = 'pending' AND available_at <= now())
-                              OR (status = 'processing' AND locked_until < now())
-                           ORDER BY id
-                           LIMIT $3
-                             FOR UPDATE SKIP LOCKED)
-                RETURNING {columns}"#
-            ),
+            CLAIM_POSTGRES.as_str(),
             [
                 relay_id.into(),
                 millis(lease).into(),
@@ -65,18 +49,7 @@ pub async fn claim_batch(
             let until = at + lease;
             Statement::from_sql_and_values(
                 backend,
-                format!(
-                    r#"UPDATE outbox
-                          SET status = 'processing', locked_by = ?, locked_until = ?,
-                              attempts = attempts + 1
-                        WHERE id IN (
-                              SELECT id FROM outbox
-                               WHERE (status = 'pending' AND available_at <= ?)
-                                  OR (status = 'processing' AND locked_until < ?)
-                               ORDER BY id
-                               LIMIT ?)
-                    RETURNING {columns}"#
-                ),
+                CLAIM_SQLITE.as_str(),
                 [
                     relay_id.into(),
                     until.into(),
@@ -269,7 +242,44 @@ fn without_lease(update: UpdateMany<outbox::Entity>) -> UpdateMany<outbox::Entit
         )
 }
 
-/// The outbox entity's columns, quoted and comma-separated.
+/// The claim on PostgreSQL: `FOR UPDATE SKIP LOCKED`, lease times from the database clock.
+static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"UPDATE outbox
+              SET status = 'processing', locked_by = $1,
+                  locked_until = now() + $2 * interval '1 millisecond',
+                  attempts = attempts + 1
+            WHERE id IN (
+                  SELECT id FROM outbox
+                   WHERE (status = 'pending' AND available_at <= now())
+                      OR (status = 'processing' AND locked_until < now())
+                   ORDER BY id
+                   LIMIT $3
+                     FOR UPDATE SKIP LOCKED)
+        RETURNING {}"#,
+        outbox_columns()
+    )
+});
+
+/// The claim on SQLite: one UPDATE under the single write lock, times bound by the caller.
+static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"UPDATE outbox
+              SET status = 'processing', locked_by = ?, locked_until = ?,
+                  attempts = attempts + 1
+            WHERE id IN (
+                  SELECT id FROM outbox
+                   WHERE (status = 'pending' AND available_at <= ?)
+                      OR (status = 'processing' AND locked_until < ?)
+                   ORDER BY id
+                   LIMIT ?)
+        RETURNING {}"#,
+        outbox_columns()
+    )
+});
+
+/// The outbox entity's columns, quoted and comma-separated. Named, never `*`: a cached
+/// statement must not change shape when the schema gains a column.
 fn outbox_columns() -> String {
     outbox::Column::iter()
         .map(|column| format!("\"{}\"", column.as_str()))
