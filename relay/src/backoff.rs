@@ -12,8 +12,9 @@ pub fn retry_delay(attempts: u32, base: Duration, max: Duration) -> Duration {
 
 /// The upper bound of [`retry_delay`] for a number of failed attempts.
 pub fn exponential_ceiling(attempts: u32, base: Duration, max: Duration) -> Duration {
-    let doublings = attempts.saturating_sub(1).min(32);
-    base.saturating_mul(1u32 << doublings.min(31)).min(max)
+    // Past 31 doublings the product saturates anyway; the cap keeps the shift in range.
+    let doublings = attempts.saturating_sub(1).min(31);
+    base.saturating_mul(1u32 << doublings).min(max)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ pub use deliver::{BatchOutcome, Relay};
 
 /// Tuning of `relay run`. The defaults drain a backlog within 45 s of the last crash (a
 /// dead relay's rows are claimable again after one lease) and ride out a 10-minute Users
-/// outage without failing a row (100 attempts, mostly 0–30 s apart: about 25 minutes).
+/// outage without failing a row (100 attempts, mostly 0–30 s apart; see the tests below).
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunConfig {
     /// Pause between polls when idle (on PostgreSQL, NOTIFY usually wakes the relay first).
