@@ -11,6 +11,9 @@ in order in one bash session, so variables carry over, from the repository root,
 Outputs are compared exactly after normalisation: each distinct UUID becomes <id-N>
 numbered in order of first appearance (so the same id must recur where the README shows the
 same id), and RFC 3339 timestamps become <timestamp>.
+
+Exit statuses are checked too: a step whose expected output starts with "ERROR:" (grpcurl
+reporting a gRPC error) must exit non-zero, every other step must exit 0.
 """
 
 import os
@@ -63,11 +66,13 @@ class Normaliser:
         return out
 
 
+MARKER = "@@walkthrough-step-done@@"
+
+
 def run_steps(steps):
-    marker = "@@walkthrough-step-done@@"
     script = []
     for command, _ in steps:
-        script.append(f"{{ {command}\n}} 2>&1\necho {marker}\n")
+        script.append(f"{{ {command}\n}} 2>&1\necho {MARKER} $?\n")
     shell = subprocess.Popen(["bash", "-c", "".join(script)], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -76,9 +81,17 @@ def run_steps(steps):
         os.killpg(shell.pid, signal.SIGKILL)
         stdout, stderr = shell.communicate()
         stderr += f"\nwalkthrough: the steps did not finish within {STEPS_TIMEOUT} s"
-    chunks = stdout.split(marker + "\n")
-    # The text after the last marker belongs to a step that never finished.
-    return [chunk.splitlines() for chunk in chunks[:-1]], stderr
+    # Each step's output ends with the marker line carrying its exit status.
+    outputs = []
+    current = []
+    for line in stdout.splitlines():
+        if line.startswith(MARKER + " "):
+            outputs.append((current, int(line[len(MARKER) + 1:])))
+            current = []
+        else:
+            current.append(line)
+    # Lines after the last marker belong to a step that never finished.
+    return outputs, stderr
 
 
 def main():
@@ -106,14 +119,20 @@ def main():
             print(f"walkthrough: step {len(outputs) + 1} did not finish: $ {steps[len(outputs)][0]}")
         expected_norm, actual_norm = Normaliser(), Normaliser()
         failures = 0
-        for (command, expected), actual in zip(steps, outputs):
+        for (command, expected), (actual, exit_status) in zip(steps, outputs):
             want, got = expected_norm(expected), actual_norm(actual)
-            status = "ok" if want == got else "MISMATCH"
-            print(f"walkthrough: {status}: $ {command.splitlines()[0][:100]}")
+            expects_error = bool(expected) and expected[0].startswith("ERROR:")
+            status_ok = (exit_status != 0) if expects_error else (exit_status == 0)
+            status = "ok" if want == got and status_ok else "MISMATCH"
+            print(f"walkthrough: {status}: $ {command.splitlines()[0][:100]} (exit {exit_status})")
             if want != got:
                 failures += 1
                 print("  expected:\n    " + "\n    ".join(want))
                 print("  actual:\n    " + "\n    ".join(got))
+            elif not status_ok:
+                failures += 1
+                wanted = "non-zero" if expects_error else "0"
+                print(f"  expected exit status {wanted}, got {exit_status}")
     finally:
         # Ctrl-C, as a person would: devstack must stop all three and exit cleanly.
         os.killpg(stack.pid, signal.SIGINT)

@@ -64,6 +64,22 @@ pub struct Process {
     log_path: PathBuf,
     addr: Option<SocketAddr>,
     addr_rx: mpsc::Receiver<SocketAddr>,
+    /// The thread copying stderr to the log; joined once the process has ended, so that
+    /// everything it wrote is in the file before anyone reads it.
+    log_copier: Option<std::thread::JoinHandle<()>>,
+    /// How it ended, once reaped: its pid may then belong to another process.
+    ended: Option<ExitStatus>,
+}
+
+/// Which environment a started binary sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Environment {
+    /// This process's environment plus the given variables (devstack: the user's
+    /// `USERS_AUTH_TOKEN`, TLS paths and so on are meant to reach the binaries).
+    Inherited,
+    /// Only `PATH` plus the given variables (tests: nothing a developer exported, such as
+    /// `USERS_AUTH_TOKEN`, `FAILPOINTS` or `RUST_LOG`, leaks into a test's processes).
+    Clean,
 }
 
 impl Process {
@@ -76,7 +92,18 @@ impl Process {
         envs: &[(String, String)],
         log_path: &Path,
     ) -> anyhow::Result<Self> {
-        Self::start(binary, args, envs, log_path, false)
+        Self::start(binary, args, envs, log_path, false, Environment::Inherited)
+    }
+
+    /// Like [`Process::spawn`], but the binary sees only `PATH` and `envs`: nothing
+    /// inherited from whoever runs the tests.
+    pub fn spawn_isolated(
+        binary: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        log_path: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::start(binary, args, envs, log_path, false, Environment::Clean)
     }
 
     /// Like [`Process::spawn`], but in a process group of its own, so a Ctrl-C in the
@@ -87,7 +114,7 @@ impl Process {
         envs: &[(String, String)],
         log_path: &Path,
     ) -> anyhow::Result<Self> {
-        Self::start(binary, args, envs, log_path, true)
+        Self::start(binary, args, envs, log_path, true, Environment::Inherited)
     }
 
     fn start(
@@ -96,6 +123,7 @@ impl Process {
         envs: &[(String, String)],
         log_path: &Path,
         own_group: bool,
+        environment: Environment,
     ) -> anyhow::Result<Self> {
         let name = binary
             .file_name()
@@ -110,6 +138,12 @@ impl Process {
         if own_group {
             command.process_group(0);
         }
+        if environment == Environment::Clean {
+            command.env_clear();
+            if let Some(path) = std::env::var_os("PATH") {
+                command.env("PATH", path);
+            }
+        }
         let mut child = command
             .args(args)
             .envs(envs.iter().map(|(k, v)| (k, v)))
@@ -122,7 +156,7 @@ impl Process {
         let (addr_tx, addr_rx) = mpsc::channel();
         // The pipe must be drained for as long as the process lives, or it blocks on a full
         // pipe; a thread copies every line to the log file.
-        std::thread::spawn(move || {
+        let log_copier = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(addr) = listening_addr(&line) {
                     let _ = addr_tx.send(addr);
@@ -136,6 +170,8 @@ impl Process {
             log_path: log_path.to_owned(),
             addr: None,
             addr_rx,
+            log_copier: Some(log_copier),
+            ended: None,
         })
     }
 
@@ -192,8 +228,16 @@ impl Process {
         }
     }
 
-    /// Sends a signal: SIGKILL for a crash, SIGTERM for a polite stop.
-    pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+    /// Sends a signal: SIGKILL for a crash, SIGTERM for a polite stop. Refused once the
+    /// process has ended and been reaped, when its pid may belong to another process. (Until
+    /// this handle reaps it, an ended process stays a zombie that keeps its pid.)
+    pub fn signal(&mut self, signal: Signal) -> anyhow::Result<()> {
+        if let Some(status) = self.try_wait()? {
+            bail!(
+                "{} already ended ({status}); not sending {signal}",
+                self.name
+            );
+        }
         let pid = i32::try_from(self.child.id()).context("pid out of range")?;
         nix::sys::signal::kill(Pid::from_raw(pid), signal)
             .with_context(|| format!("cannot send {signal} to {}", self.name))
@@ -202,19 +246,23 @@ impl Process {
     /// Kills the process with SIGKILL (no chance to clean up, like a crash) and reaps it.
     pub fn kill(&mut self) -> anyhow::Result<ExitStatus> {
         self.signal(Signal::SIGKILL)?;
-        Ok(self.child.wait()?)
+        let status = self.child.wait()?;
+        Ok(self.ended(status))
     }
 
     /// Returns the exit status if the process has ended.
     pub fn try_wait(&mut self) -> anyhow::Result<Option<ExitStatus>> {
-        Ok(self.child.try_wait()?)
+        if let Some(status) = self.ended {
+            return Ok(Some(status));
+        }
+        Ok(self.child.try_wait()?.map(|status| self.ended(status)))
     }
 
     /// Waits up to `timeout` for the process to end by itself.
     pub fn wait_timeout(&mut self, timeout: Duration) -> anyhow::Result<Option<ExitStatus>> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = self.try_wait()? {
                 return Ok(Some(status));
             }
             if Instant::now() > deadline {
@@ -223,13 +271,26 @@ impl Process {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// Records how the process ended and waits for its last log lines to reach the file.
+    fn ended(&mut self, status: ExitStatus) -> ExitStatus {
+        self.ended = Some(status);
+        if let Some(copier) = self.log_copier.take() {
+            // The pipe closed with the process, so the copier ends as soon as it has
+            // written what was left.
+            let _ = copier.join();
+        }
+        status
+    }
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
+        if let Ok(None) = self.try_wait() {
             let _ = self.child.kill();
-            let _ = self.child.wait();
+            if let Ok(status) = self.child.wait() {
+                self.ended(status);
+            }
         }
     }
 }

@@ -43,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
         _ = terminate.recv() => Ok(()),
         name = watch_for_exit(&mut processes) => Err(name),
     };
-    for process in processes.iter().rev() {
+    for process in processes.iter_mut().rev() {
         let _ = process.signal(Signal::SIGTERM);
     }
     for process in processes.iter_mut().rev() {

@@ -5,7 +5,10 @@
 
 use sea_orm_migration::{
     MigratorTrait,
-    sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait},
+    sea_orm::{
+        ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqliteTransactionMode,
+        TransactionOptions, TransactionTrait,
+    },
 };
 
 pub mod student;
@@ -13,17 +16,22 @@ pub mod users;
 
 /// Applies every pending migration of `M` to `db`.
 ///
-/// On PostgreSQL the migrations run in one transaction holding an advisory lock, so replicas
-/// that start together apply them once, one after the other, instead of racing. (SQLite
-/// serialises writers by itself.)
+/// The migrations run in one transaction that first takes a lock, so replicas that start
+/// together on an empty database apply them once, one after the other, instead of both
+/// seeing "not applied" and racing to create the same tables: on PostgreSQL an advisory
+/// lock, on SQLite the write lock (`BEGIN IMMEDIATE`; the other replica waits in its busy
+/// timeout, then finds everything applied).
 pub async fn apply<M: MigratorTrait>(db: &DatabaseConnection, lock_id: i64) -> Result<(), DbErr> {
-    if db.get_database_backend() != DbBackend::Postgres {
-        return M::up(db, None).await;
+    let mut options = TransactionOptions::default();
+    if db.get_database_backend() == DbBackend::Sqlite {
+        options.sqlite_transaction_mode = Some(SqliteTransactionMode::Immediate);
     }
-    let txn = db.begin().await?;
-    // Released at commit or rollback: a crashed migrator never leaves the lock held.
-    txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({lock_id})"))
-        .await?;
+    let txn = db.begin_with_options(options).await?;
+    if db.get_database_backend() == DbBackend::Postgres {
+        // Released at commit or rollback: a crashed migrator never leaves the lock held.
+        txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({lock_id})"))
+            .await?;
+    }
     M::up(&txn, None).await?;
     txn.commit().await
 }

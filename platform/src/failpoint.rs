@@ -2,17 +2,25 @@
 //!
 //! A test starts a binary with `FAILPOINTS="name=action;name2=action"`, where an action is
 //! `abort` (the process dies at once, with no cleanup: a crash), `sleep(MS)` (the task
-//! waits), or either prefixed by `N*` to act on the first N hits only (`1*abort`). Without
-//! the feature, [`hit`] compiles to nothing.
+//! waits), or either prefixed by `N*` to act on the first N hits only (`1*abort`). One
+//! entry is not a point but a setting: `clock-skew=skew(MS)` moves the process's clock
+//! ([`clock_skew`]) by MS milliseconds (negative: behind), to test that nothing compares
+//! one machine's clock with another's. Without the feature, [`hit`] compiles to nothing
+//! and the clock is never skewed.
 
 /// Fail points in the binaries. Each names the moment it stands for.
 pub mod points {
     /// student-svc, CreateStudent: both rows written, transaction not yet committed.
     pub const STUDENT_BEFORE_COMMIT: &str = "student-before-commit";
+    /// student-svc, CreateStudent: committed, answer not yet sent.
+    pub const STUDENT_AFTER_COMMIT: &str = "student-after-commit";
     /// relay: rows claimed (leased), Users not yet called.
     pub const RELAY_AFTER_CLAIM: &str = "relay-after-claim";
     /// relay: Users answered, the link and `done` not yet recorded.
     pub const RELAY_BEFORE_FINALIZE: &str = "relay-before-finalize";
+    /// users-svc, CreateUser: the request arrived; nothing read, written or locked yet (a
+    /// `sleep` here makes Users slow without holding any database lock).
+    pub const USERS_ON_REQUEST: &str = "users-on-request";
     /// users-svc, CreateUser: user and inbox row written, transaction not yet committed.
     pub const USERS_BEFORE_COMMIT: &str = "users-before-commit";
     /// users-svc, CreateUser: committed, answer not yet sent.
@@ -32,6 +40,7 @@ pub async fn hit(name: &str) {
                 tracing::warn!(failpoint = name, ?duration, "fail point: sleeping");
                 tokio::time::sleep(duration).await;
             }
+            armed::Action::Skew(_) => {}
         }
     }
 }
@@ -41,6 +50,27 @@ pub async fn hit(name: &str) {
 #[inline(always)]
 pub async fn hit(_name: &str) {}
 
+/// The entry that skews the clock: `clock-skew=skew(MS)`.
+#[cfg(feature = "failpoints")]
+const CLOCK_SKEW: &str = "clock-skew";
+
+/// How far this process's clock is skewed for a test (`clock-skew=skew(MS)`); zero unless
+/// armed.
+#[cfg(feature = "failpoints")]
+pub fn clock_skew() -> chrono::TimeDelta {
+    match armed::take(CLOCK_SKEW) {
+        Some(armed::Action::Skew(millis)) => chrono::TimeDelta::milliseconds(millis),
+        _ => chrono::TimeDelta::zero(),
+    }
+}
+
+/// How far this process's clock is skewed: never (the `failpoints` feature is off).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn clock_skew() -> chrono::TimeDelta {
+    chrono::TimeDelta::zero()
+}
+
 #[cfg(feature = "failpoints")]
 mod armed {
     use std::{collections::HashMap, sync::Mutex, time::Duration};
@@ -49,6 +79,8 @@ mod armed {
     pub enum Action {
         Abort,
         Sleep(Duration),
+        /// Only for `clock-skew`: milliseconds added to the clock.
+        Skew(i64),
     }
 
     struct Armed {
@@ -87,13 +119,13 @@ mod armed {
                 };
                 let action = match action {
                     "abort" => Action::Abort,
-                    sleep => {
-                        let ms = sleep
-                            .strip_prefix("sleep(")?
-                            .strip_suffix(')')?
-                            .parse()
-                            .ok()?;
-                        Action::Sleep(Duration::from_millis(ms))
+                    other => {
+                        let (verb, argument) = other.strip_suffix(')')?.split_once('(')?;
+                        match verb {
+                            "sleep" => Action::Sleep(Duration::from_millis(argument.parse().ok()?)),
+                            "skew" => Action::Skew(argument.parse().ok()?),
+                            _ => return None,
+                        }
                     }
                 };
                 Some((name.to_owned(), Armed { action, remaining }))
@@ -107,7 +139,7 @@ mod armed {
 
         #[test]
         fn specs_parse_into_counted_actions() {
-            let points = parse("a=abort; b=2*sleep(150);bad;c=explode");
+            let points = parse("a=abort; b=2*sleep(150);bad;c=explode;clock-skew=skew(-3600000)");
             assert_eq!(points["a"].action, Action::Abort);
             assert_eq!(points["a"].remaining, None);
             assert_eq!(
@@ -116,6 +148,7 @@ mod armed {
             );
             assert_eq!(points["b"].remaining, Some(2));
             assert!(!points.contains_key("bad") && !points.contains_key("c"));
+            assert_eq!(points["clock-skew"].action, Action::Skew(-3_600_000));
         }
     }
 }

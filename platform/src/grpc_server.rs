@@ -104,6 +104,14 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
 
+    // Health knows the service from the first request on: NOT_SERVING until the first
+    // database check says otherwise, never "service not registered".
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_service_status(service_name, ServingStatus::NotServing)
+        .await;
     let health_task = tokio::spawn(report_database_health(
         reporter,
         service_name,

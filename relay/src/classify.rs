@@ -8,20 +8,25 @@ pub enum Failure {
     /// Users judged the request and said no; the same request with the same key will get
     /// the same answer, so retrying cannot help.
     Permanent,
-    /// Users did not judge the request (down, overloaded, too slow, connection lost, or a
-    /// code this relay does not know): try again later with the same key.
+    /// Users did not judge the request (down, overloaded, too slow, connection lost, the
+    /// relay's token refused, or a code this relay does not know): try again later with
+    /// the same key.
     Transient,
 }
 
 /// Classifies a CreateUser error status.
+///
+/// `UNAUTHENTICATED` and `PERMISSION_DENIED` are transient: Users' interceptor answers them
+/// before the request reaches the inbox, so they say nothing about the operation, only
+/// about the relay's token, and a fixed token (or a finished rotation) makes the same key
+/// succeed. Failing rows for them would turn one typo into a whole backlog of FAILED
+/// students.
 pub fn classify(status: &Status) -> Failure {
     match status.code() {
         Code::InvalidArgument
         | Code::AlreadyExists
         | Code::FailedPrecondition
-        | Code::OutOfRange
-        | Code::Unauthenticated
-        | Code::PermissionDenied => Failure::Permanent,
+        | Code::OutOfRange => Failure::Permanent,
         _ => Failure::Transient,
     }
 }
@@ -60,8 +65,6 @@ mod tests {
             Code::AlreadyExists,
             Code::FailedPrecondition,
             Code::OutOfRange,
-            Code::Unauthenticated,
-            Code::PermissionDenied,
         ];
         for code in permanent {
             assert_eq!(
@@ -81,6 +84,8 @@ mod tests {
             Code::NotFound,
             Code::Unimplemented,
             Code::DataLoss,
+            Code::Unauthenticated,
+            Code::PermissionDenied,
         ];
         for code in transient {
             assert_eq!(

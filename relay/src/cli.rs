@@ -1,4 +1,4 @@
-//! The `relay` command line: `run` (the default), `replay`, `status`.
+//! The `relay` command line: `run` (the default), `replay`, `status`, `retry-failed`.
 
 use std::{io::Write as _, process::ExitCode};
 
@@ -58,7 +58,8 @@ pub enum Command {
     /// Print outbox row counts per status and the age of the oldest pending row.
     Status,
     /// Put failed rows back to pending: rows that ran out of attempts with their key; rows
-    /// Users rejected only with --new-key (a new operation).
+    /// Users rejected only with --new-key (a new operation). Before giving a new key, Users
+    /// is asked (replay-only) about the old one: a user it created is linked instead.
     RetryFailed(RetryFailedArgs),
 }
 
@@ -67,7 +68,8 @@ pub struct RetryFailedArgs {
     #[command(flatten)]
     pub rows: RetryFailedRows,
     /// Give each row a fresh idempotency key: explicitly a new operation. Required for rows
-    /// Users rejected, which would otherwise get the same saved rejection again.
+    /// Users rejected, which would otherwise get the same saved rejection again. A row whose
+    /// old key Users did execute is linked to that user and marked done instead.
     #[arg(long)]
     pub new_key: bool,
 }
@@ -114,11 +116,14 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Err(err) => return fail(&err),
     };
     let result = match cli.command {
-        None => run(&cli.database_url, &users, RunConfig::default()).await,
+        None => match RunConfig::from_env() {
+            Ok(config) => run(&cli.database_url, &users, config).await,
+            Err(err) => err.exit(),
+        },
         Some(Command::Run(config)) => run(&cli.database_url, &users, config).await,
         Some(Command::Replay(args)) => replay(&cli.database_url, &users, &args.selection()).await,
         Some(Command::Status) => status(&cli.database_url).await,
-        Some(Command::RetryFailed(args)) => retry(&cli.database_url, &args).await,
+        Some(Command::RetryFailed(args)) => retry(&cli.database_url, &users, &args).await,
     };
     result.unwrap_or_else(|err| fail(&err))
 }
@@ -194,14 +199,20 @@ async fn status(database_url: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn retry(database_url: &str, args: &RetryFailedArgs) -> anyhow::Result<ExitCode> {
+async fn retry(
+    database_url: &str,
+    users: &UsersConnection,
+    args: &RetryFailedArgs,
+) -> anyhow::Result<ExitCode> {
     let db = open_existing(database_url).await?;
+    let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
     let selection = match args.rows.id {
         Some(id) => retry_failed::Selection::Id(id),
         None => retry_failed::Selection::All,
     };
     let mut out = std::io::stdout().lock();
-    let summary = retry_failed::retry_failed(&db, selection, args.new_key, &mut out).await?;
+    let summary =
+        retry_failed::retry_failed(&db, &users, selection, args.new_key, &mut out).await?;
     out.flush()?;
     Ok(ExitCode::from(summary.exit_code()))
 }

@@ -1,6 +1,8 @@
 //! The delivery loop: claim due outbox rows, send each to Users with its stored key, record
 //! the answer. Delivery is at-least-once; Users' inbox makes the effect exactly-once.
 
+use std::time::Instant;
+
 use futures::StreamExt as _;
 use platform::failpoint::{self, points};
 use sea_orm::DatabaseConnection;
@@ -28,8 +30,12 @@ pub struct BatchOutcome {
     pub retried: usize,
     /// Rows marked `failed`.
     pub failed: usize,
-    /// Rows handed back unsent because the relay is shutting down.
+    /// Rows handed back unsent: the relay is shutting down, or too little of the lease was
+    /// left to send them.
     pub released: usize,
+    /// Rows whose outcome was not recorded because this relay no longer held them (its
+    /// lease ran out and another relay took over, or the row was failed or re-keyed).
+    pub superseded: usize,
 }
 
 /// The relay: a Student DB, a Users client, its tuning and its identity in leases.
@@ -53,10 +59,17 @@ impl Relay {
         }
     }
 
-    /// Claims one batch of due rows and delivers them, up to `concurrency` at a time.
-    /// Tests drive this step directly; [`Relay::run`] loops around it.
+    /// Claims one batch of due rows and delivers them, all at once. Tests drive this step
+    /// directly; [`Relay::run`] loops around it.
     pub async fn deliver_batch(&self) -> anyhow::Result<BatchOutcome> {
         self.deliver_batch_until(&CancellationToken::new()).await
+    }
+
+    /// How many rows one claim takes: no more than can be sent at once. A row claimed
+    /// beyond the free call slots would wait for one while its lease runs, and could be
+    /// sent after the lease ran out, when another relay may already be sending it.
+    pub fn claim_size(&self) -> u32 {
+        u32::from(self.config.batch_size.min(self.config.concurrency))
     }
 
     /// Like [`Relay::deliver_batch`]; once `shutdown` is cancelled, rows not yet sent are
@@ -65,13 +78,11 @@ impl Relay {
         &self,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<BatchOutcome> {
-        let rows = store::claim_batch(
-            &self.db,
-            &self.id,
-            u32::from(self.config.batch_size),
-            self.config.lease,
-        )
-        .await?;
+        // Measured before the claim is sent, so the lease this relay counts on ends no
+        // later than the one the database records.
+        let lease_ends = Instant::now() + self.config.lease;
+        let rows =
+            store::claim_batch(&self.db, &self.id, self.claim_size(), self.config.lease).await?;
         let mut outcome = BatchOutcome {
             claimed: rows.len(),
             ..BatchOutcome::default()
@@ -82,10 +93,20 @@ impl Relay {
         failpoint::hit(points::RELAY_AFTER_CLAIM).await;
         let results: Vec<_> = futures::stream::iter(rows)
             .map(|row| async move {
-                if shutdown.is_cancelled() {
-                    return Ok((Delivery::Unsent, row.id));
-                }
                 let id = row.id;
+                if shutdown.is_cancelled() {
+                    return Ok((Delivery::Unsent, id));
+                }
+                // Never start a send the lease cannot cover: if the call could still be
+                // running when the lease ends, another relay could claim and send the row
+                // at the same time, burning an attempt. Give the row back instead.
+                if Instant::now() + self.config.call_timeout >= lease_ends {
+                    tracing::warn!(
+                        outbox_id = id,
+                        "lease too short to send before it ends; releasing the row"
+                    );
+                    return Ok((Delivery::Unsent, id));
+                }
                 self.deliver(row).await.map(|delivery| (delivery, id))
             })
             .buffer_unordered(usize::from(self.config.concurrency))
@@ -98,6 +119,7 @@ impl Relay {
                 Ok((Delivery::Delivered, _)) => outcome.delivered += 1,
                 Ok((Delivery::Retried, _)) => outcome.retried += 1,
                 Ok((Delivery::Failed, _)) => outcome.failed += 1,
+                Ok((Delivery::Superseded, _)) => outcome.superseded += 1,
                 Ok((Delivery::Unsent, id)) => unsent.push(id),
                 // A row whose outcome could not be recorded keeps its lease; it is claimed
                 // again when the lease runs out.
@@ -129,7 +151,8 @@ impl Relay {
             let pause = match self.deliver_batch_until(&shutdown).await {
                 Ok(outcome) => {
                     consecutive_errors = 0;
-                    if outcome.claimed == usize::from(self.config.batch_size) {
+                    // A full claim means more rows are probably due: claim again at once.
+                    if outcome.claimed == self.claim_size() as usize {
                         continue;
                     }
                     None
@@ -171,9 +194,7 @@ impl Relay {
                     "unreadable outbox payload"
                 );
                 let reason = "UNREADABLE_PAYLOAD: the stored payload cannot be decoded";
-                store::record_failure(&self.db, &row, &self.id, FailureKind::Rejected, reason)
-                    .await?;
-                return Ok(Delivery::Failed);
+                return self.fail(&row, FailureKind::Rejected, reason).await;
             }
         };
         let answer = self
@@ -189,7 +210,7 @@ impl Relay {
             return self.record_error(&row, &status).await;
         };
         failpoint::hit(points::RELAY_BEFORE_FINALIZE).await;
-        match store::record_delivery(&self.db, &row, user_id).await {
+        match store::record_delivery(&self.db, &row, &self.id, user_id).await {
             Ok(()) => {
                 tracing::info!(
                     outbox_id = row.id,
@@ -197,19 +218,56 @@ impl Relay {
                     %user_id,
                     from_inbox = created.from_inbox,
                     attempts = row.attempts,
+                    relay = %self.id,
                     "delivered and linked"
                 );
                 Ok(Delivery::Delivered)
             }
+            Err(RecordError::ClaimLost(_)) => {
+                // Another relay took the row after this one's lease ran out (it gets the
+                // same user id from Users' inbox), or the row was failed or re-keyed.
+                tracing::warn!(
+                    outbox_id = row.id,
+                    student_id = %row.aggregate_id,
+                    relay = %self.id,
+                    "late finalize lost: the row is no longer held by this claim; changed nothing"
+                );
+                Ok(Delivery::Superseded)
+            }
             Err(err @ (RecordError::LinkConflict { .. } | RecordError::StudentMissing(_))) => {
                 tracing::error!(outbox_id = row.id, error = %err, "cannot link the user");
-                let reason = format!("LINK_CONFLICT: {err}");
-                store::record_failure(&self.db, &row, &self.id, FailureKind::Rejected, &reason)
-                    .await?;
-                Ok(Delivery::Failed)
+                let reason = match err {
+                    RecordError::StudentMissing(_) => "STUDENT_MISSING",
+                    _ => "LINK_CONFLICT",
+                };
+                self.fail(&row, FailureKind::Rejected, &format!("{reason}: {err}"))
+                    .await
             }
             Err(RecordError::Db(err)) => Err(err.into()),
         }
+    }
+
+    /// Marks `row` failed, if this relay still holds it.
+    async fn fail(
+        &self,
+        row: &outbox::Model,
+        kind: FailureKind,
+        error: &str,
+    ) -> anyhow::Result<Delivery> {
+        if store::record_failure(&self.db, row, &self.id, kind, error).await? {
+            Ok(Delivery::Failed)
+        } else {
+            Ok(self.superseded(row))
+        }
+    }
+
+    fn superseded(&self, row: &outbox::Model) -> Delivery {
+        tracing::warn!(
+            outbox_id = row.id,
+            relay = %self.id,
+            "the row is no longer held by this claim; outcome not recorded"
+        );
+        Delivery::Superseded
     }
 
     async fn record_error(
@@ -226,9 +284,7 @@ impl Relay {
         match classify(status) {
             Failure::Permanent => {
                 tracing::warn!(outbox_id = row.id, student_id = %row.aggregate_id, code, "rejected by Users, marked failed");
-                store::record_failure(&self.db, row, &self.id, FailureKind::Rejected, &error)
-                    .await?;
-                Ok(Delivery::Failed)
+                self.fail(row, FailureKind::Rejected, &error).await
             }
             Failure::Transient if attempts >= self.config.max_attempts => {
                 tracing::error!(
@@ -238,16 +294,17 @@ impl Relay {
                     "attempts exhausted, marked failed"
                 );
                 let error = format!("EXHAUSTED after {attempts} attempts, last {error}");
-                store::record_failure(&self.db, row, &self.id, FailureKind::Exhausted, &error)
-                    .await?;
-                Ok(Delivery::Failed)
+                self.fail(row, FailureKind::Exhausted, &error).await
             }
             Failure::Transient => {
                 let delay =
                     retry_delay(attempts, self.config.backoff_base, self.config.backoff_max);
                 tracing::warn!(outbox_id = row.id, attempts, code, retry_in = ?delay, "delivery failed, will retry");
-                store::record_retry(&self.db, row, &self.id, &error, delay).await?;
-                Ok(Delivery::Retried)
+                if store::record_retry(&self.db, row, &self.id, &error, delay).await? {
+                    Ok(Delivery::Retried)
+                } else {
+                    Ok(self.superseded(row))
+                }
             }
         }
     }
@@ -258,4 +315,5 @@ enum Delivery {
     Retried,
     Failed,
     Unsent,
+    Superseded,
 }

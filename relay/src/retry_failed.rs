@@ -4,15 +4,31 @@
 //! with its key: Users never executed it, or executed it and will answer from its inbox.
 //! A row Users *rejected* would get the same saved rejection for the same key, so it is
 //! redriven only with `--new-key`: a fresh key, explicitly a new operation.
+//!
+//! A new key is never given blindly. The old key may have been executed after all (Users
+//! committed, its answer was lost, then Users stayed unreachable until the row ran out of
+//! attempts): a new key would then be judged as a second operation, rejected because the
+//! student's own user holds the document number (the student stranded, FAILED forever), or
+//! executed if that user was disabled meanwhile (a second user). So Users is first asked,
+//! replay-only, what the old key got: a created user is linked and the row marked `done`;
+//! only a key Users never executed (`NOT_IN_INBOX`) or a saved rejection lets the row take
+//! a new key.
+//!
+//! The question is safe to ask: a `failed` row is held by no relay, and every send ends
+//! inside its lease, so no call with the old key is still on its way to Users.
 
 use std::io::Write;
 
-use platform::db::now;
-use sea_orm::{
-    ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr,
-};
-use student_svc::entity::outbox::{self, FailureKind, OutboxStatus};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
+use student_svc::entity::outbox::{self, CreateUserPayload, FailureKind, OutboxStatus};
+use tonic::Code;
 use uuid::Uuid;
+
+use crate::{
+    classify::code_name,
+    store::{self, RecordError},
+    users_client::{UsersClient, was_replayed},
+};
 
 /// Which failed rows to redrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,13 +40,17 @@ pub enum Selection {
 /// Totals of a retry-failed run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RetrySummary {
+    /// Rows put back to `pending` (with their key, or a new one).
     pub requeued: usize,
+    /// Rows whose old key Users had executed: linked and `done`, not re-keyed.
+    pub linked: usize,
     pub skipped: usize,
     pub errors: usize,
 }
 
 impl RetrySummary {
-    /// 0 when every selected row was requeued, 1 when some were skipped, 2 on an error.
+    /// 0 when every selected row was requeued or linked, 1 when some were skipped, 2 on an
+    /// error.
     pub fn exit_code(&self) -> u8 {
         if self.errors > 0 {
             2
@@ -42,9 +62,20 @@ impl RetrySummary {
     }
 }
 
+/// What Users' inbox says about a failed row's old key.
+enum OldKey {
+    /// Never executed (or purged): a new key starts the operation afresh.
+    NotExecuted,
+    /// Executed and rejected: nothing was created, a new key is a new operation.
+    Rejected,
+    /// Executed: this user exists, created for this row.
+    Created(Uuid),
+}
+
 /// Requeues the selected failed rows, printing one line per row and a summary line.
 pub async fn retry_failed(
     db: &DatabaseConnection,
+    users: &UsersClient,
     selection: Selection,
     new_key: bool,
     out: &mut impl Write,
@@ -62,50 +93,100 @@ pub async fn retry_failed(
         summary.errors += 1;
     }
     for row in rows {
-        let rejected = row.failure_kind != Some(FailureKind::Exhausted);
-        if rejected && !new_key {
-            writeln!(
-                out,
-                "id={} key={} skipped: rejected by Users; the same key gets the same answer, use --new-key",
-                row.id, row.idempotency_key
-            )?;
-            summary.skipped += 1;
+        let line = format!("id={} key={}", row.id, row.idempotency_key);
+        let exhausted = row.failure_kind == Some(FailureKind::Exhausted);
+        if !new_key {
+            if !exhausted {
+                writeln!(
+                    out,
+                    "{line} skipped: rejected; the same key gets the same answer, use --new-key"
+                )?;
+                summary.skipped += 1;
+                continue;
+            }
+            // The same operation tried again: safe whatever Users did with the key.
+            if store::redrive(db, &row, &row.idempotency_key).await? {
+                writeln!(out, "{line} requeued")?;
+                summary.requeued += 1;
+            } else {
+                writeln!(out, "{line} changed while retrying; left as it is")?;
+                summary.errors += 1;
+            }
             continue;
         }
-        let key = if new_key {
-            Uuid::new_v4().to_string()
-        } else {
-            row.idempotency_key.clone()
-        };
-        let requeued = outbox::Entity::update_many()
-            .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
-            .col_expr(outbox::Column::IdempotencyKey, Expr::value(key.clone()))
-            .col_expr(outbox::Column::Attempts, Expr::value(0))
-            .col_expr(outbox::Column::AvailableAt, Expr::value(now()))
-            .col_expr(
-                outbox::Column::FailureKind,
-                Expr::value(Option::<FailureKind>::None),
-            )
-            .col_expr(
-                outbox::Column::ProcessedAt,
-                Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
-            )
-            .filter(outbox::Column::Id.eq(row.id))
-            .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
-            .exec(db)
-            .await?;
-        if requeued.rows_affected == 1 {
-            writeln!(out, "id={} key={key} requeued", row.id)?;
-            summary.requeued += 1;
-        } else {
-            writeln!(out, "id={} changed while retrying; left as it is", row.id)?;
-            summary.errors += 1;
+        match ask_about_old_key(users, &row).await {
+            Err(problem) => {
+                writeln!(out, "{line} not re-keyed: {problem}")?;
+                summary.errors += 1;
+            }
+            Ok(OldKey::Created(user_id)) => {
+                match store::record_found_in_inbox(db, &row, user_id).await {
+                    Ok(()) => {
+                        writeln!(
+                            out,
+                            "{line} linked user={user_id}: Users had executed this key; not re-keyed"
+                        )?;
+                        summary.linked += 1;
+                    }
+                    Err(RecordError::Db(err)) => return Err(err.into()),
+                    Err(err) => {
+                        writeln!(
+                            out,
+                            "{line} not re-keyed: Users created user={user_id} for this key, but {err}"
+                        )?;
+                        summary.errors += 1;
+                    }
+                }
+            }
+            Ok(OldKey::NotExecuted | OldKey::Rejected) => {
+                let fresh = Uuid::new_v4().to_string();
+                if store::redrive(db, &row, &fresh).await? {
+                    writeln!(
+                        out,
+                        "id={} key={fresh} requeued (new key; was {})",
+                        row.id, row.idempotency_key
+                    )?;
+                    summary.requeued += 1;
+                } else {
+                    writeln!(out, "{line} changed while retrying; left as it is")?;
+                    summary.errors += 1;
+                }
+            }
         }
     }
     writeln!(
         out,
-        "requeued={} skipped={} errors={}",
-        summary.requeued, summary.skipped, summary.errors
+        "requeued={} linked={} skipped={} errors={}",
+        summary.requeued, summary.linked, summary.skipped, summary.errors
     )?;
     Ok(summary)
+}
+
+/// Asks Users, replay-only (it can never create), what the row's key got.
+async fn ask_about_old_key(users: &UsersClient, row: &outbox::Model) -> Result<OldKey, String> {
+    let payload: CreateUserPayload = serde_json::from_value(row.payload.clone()).map_err(|_| {
+        "the stored payload cannot be decoded, so Users cannot be asked about the old key"
+            .to_owned()
+    })?;
+    match users
+        .create_user(&row.idempotency_key, &payload, true)
+        .await
+    {
+        Ok(created) => Uuid::try_parse(&created.user_id)
+            .map(OldKey::Created)
+            .map_err(|_| "Users returned a malformed user_id".to_owned()),
+        Err(status)
+            if status.code() == Code::NotFound
+                && platform::status::reason(&status).as_deref() == Some("NOT_IN_INBOX") =>
+        {
+            Ok(OldKey::NotExecuted)
+        }
+        // The key's saved answer is a rejection: nothing was created under it.
+        Err(status) if was_replayed(&status) => Ok(OldKey::Rejected),
+        Err(status) => Err(format!(
+            "cannot ask Users about the old key: {}: {}",
+            code_name(status.code()),
+            status.message()
+        )),
+    }
 }

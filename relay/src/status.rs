@@ -3,7 +3,10 @@
 use std::io::Write;
 
 use platform::db::now;
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+};
 use student_svc::entity::outbox::{self, OutboxStatus};
 
 /// Row counts per status and the age of the oldest undelivered row.
@@ -15,6 +18,9 @@ pub struct OutboxStatusReport {
     pub failed: i64,
     /// Seconds since the oldest `pending` or `processing` row was written; 0 when none.
     pub oldest_pending_age_seconds: i64,
+    /// `pending` rows that failed at least once and are waiting to be retried (Users down,
+    /// overloaded, or refusing the relay's token: the relay's log says which).
+    pub retrying: i64,
 }
 
 /// Reads the report from the Student DB.
@@ -45,11 +51,19 @@ pub async fn read(db: &DatabaseConnection) -> anyhow::Result<OutboxStatusReport>
     if let Some(row) = oldest {
         report.oldest_pending_age_seconds = (now() - row.created_at).num_seconds().max(0);
     }
+    report.retrying = i64::try_from(
+        outbox::Entity::find()
+            .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+            .filter(outbox::Column::Attempts.gt(0))
+            .count(db)
+            .await?,
+    )
+    .unwrap_or(i64::MAX);
     Ok(report)
 }
 
 /// Prints the report as `relay status` does: one `NAME N` line per status (zeros
-/// included), then `oldest_pending_age_seconds X`.
+/// included), then `oldest_pending_age_seconds X`, then `retrying N`.
 pub fn print(report: &OutboxStatusReport, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "pending {}", report.pending)?;
     writeln!(out, "processing {}", report.processing)?;
@@ -59,7 +73,8 @@ pub fn print(report: &OutboxStatusReport, out: &mut impl Write) -> std::io::Resu
         out,
         "oldest_pending_age_seconds {}",
         report.oldest_pending_age_seconds
-    )
+    )?;
+    writeln!(out, "retrying {}", report.retrying)
 }
 
 #[cfg(test)]
@@ -73,12 +88,13 @@ mod tests {
             pending: 2,
             done: 7,
             oldest_pending_age_seconds: 12,
+            retrying: 1,
             ..OutboxStatusReport::default()
         };
         print(&report, &mut out).expect("write to memory");
         assert_eq!(
             String::from_utf8(out).expect("utf-8"),
-            "pending 2\nprocessing 0\ndone 7\nfailed 0\noldest_pending_age_seconds 12\n"
+            "pending 2\nprocessing 0\ndone 7\nfailed 0\noldest_pending_age_seconds 12\nretrying 1\n"
         );
     }
 }

@@ -4,14 +4,19 @@
 //! Lease and backoff times come from one clock: on PostgreSQL the database's `now()`, so
 //! relays on machines with skewed clocks agree; on SQLite (one machine) the application's,
 //! bound as values in the stored format, never compared with SQLite's own time functions.
+//!
+//! Every write that ends a delivery is *fenced* by the claim it came from: it applies only
+//! while the row is still `processing` under that claim (same relay, same attempt, same
+//! idempotency key), and reports whether it did. A relay whose lease ran out, or whose row
+//! was failed or re-keyed meanwhile, changes nothing.
 
 use std::{sync::LazyLock, time::Duration};
 
 use chrono::{DateTime, Utc};
-use platform::db::{begin_write, now};
+use platform::db::{begin_write, now, shared_now};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
-    IdenStatic as _, Iterable as _, QueryFilter, Statement, UpdateMany,
+    ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic as _, Iterable as _,
+    QueryFilter, Statement, UpdateMany,
     sea_query::{Expr, ExprTrait},
 };
 use student_svc::entity::{
@@ -72,6 +77,11 @@ pub async fn claim_batch(
 /// Why a delivery could not be recorded.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
+    /// The row is no longer held by the claim the delivery came from: another relay
+    /// claimed it after this one's lease ran out, or it was failed or re-keyed. Nothing was
+    /// written; whoever holds the row now records its own outcome.
+    #[error("outbox row {0} is no longer held by this claim; nothing recorded")]
+    ClaimLost(i64),
     /// The student is already linked to another user: never overwritten, always reported.
     #[error("student {student_id} is already linked to user {linked}, not {returned}")]
     LinkConflict {
@@ -88,19 +98,71 @@ pub enum RecordError {
 /// Links the user Users returned to the student and marks the row `done`, in ONE
 /// transaction: either the student shows its user and the row is finished, or neither.
 ///
-/// Safe for a relay whose lease ran out while it waited: another relay delivering the same
-/// row got the same user id from the inbox, linking the same id again changes nothing, and
-/// a row already `done` stays as it is. A *different* user id is refused, never written.
+/// Only while `relay_id` still holds the row under the claim `row` came from (fenced by
+/// relay, attempt and key): a relay that finishes after its lease ran out and another relay
+/// took the row gets [`RecordError::ClaimLost`] and changes nothing; the other relay got the
+/// same user id from Users' inbox and records it. A *different* user id than the one
+/// already linked is refused, never written.
 pub async fn record_delivery(
+    db: &DatabaseConnection,
+    row: &outbox::Model,
+    relay_id: &str,
+    user_id: Uuid,
+) -> Result<(), RecordError> {
+    let finish = held_by_claim(mark_done(user_id), row, relay_id);
+    link_and_finish(db, row, finish, user_id).await
+}
+
+/// Links a `failed` row's user and marks the row `done`, for `retry-failed`: Users' inbox
+/// says the row's key was executed after all (its answer was lost). Fenced by the row's
+/// status and key, so a row redriven meanwhile is left alone ([`RecordError::ClaimLost`]).
+pub async fn record_found_in_inbox(
     db: &DatabaseConnection,
     row: &outbox::Model,
     user_id: Uuid,
 ) -> Result<(), RecordError> {
-    let at = now();
+    let finish = mark_done(user_id)
+        .filter(outbox::Column::Id.eq(row.id))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
+        .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
+        .col_expr(
+            outbox::Column::FailureKind,
+            Expr::value(Option::<FailureKind>::None),
+        );
+    link_and_finish(db, row, finish, user_id).await
+}
+
+/// The update that marks a row `done` with its user, lease cleared.
+fn mark_done(user_id: Uuid) -> UpdateMany<outbox::Entity> {
+    without_lease(outbox::Entity::update_many())
+        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Done))
+        .col_expr(
+            outbox::Column::DeliveredUserId,
+            Expr::value(user_id.to_string()),
+        )
+        .col_expr(outbox::Column::ProcessedAt, Expr::value(now()))
+        .col_expr(
+            outbox::Column::LastError,
+            Expr::value(Option::<String>::None),
+        )
+}
+
+/// The one transaction that finishes a delivery: the fenced `finish` update of the row,
+/// then the link. The row goes first so that a lost claim is found before anything is
+/// written, and its row lock (PostgreSQL) keeps a competing claim out until commit.
+async fn link_and_finish(
+    db: &DatabaseConnection,
+    row: &outbox::Model,
+    finish: UpdateMany<outbox::Entity>,
+    user_id: Uuid,
+) -> Result<(), RecordError> {
     let txn = begin_write(db).await?;
+    if finish.exec(&txn).await?.rows_affected != 1 {
+        return Err(RecordError::ClaimLost(row.id));
+    }
     let linked = students::Entity::update_many()
         .col_expr(students::Column::UserId, Expr::value(user_id))
-        .col_expr(students::Column::UpdatedAt, Expr::value(at))
+        .col_expr(students::Column::UpdatedAt, Expr::value(now()))
         .filter(students::Column::Id.eq(row.aggregate_id))
         .filter(
             students::Column::UserId
@@ -113,6 +175,7 @@ pub async fn record_delivery(
         let student = students::Entity::find_by_id(row.aggregate_id)
             .one(&txn)
             .await?;
+        // Dropping the transaction rolls the row's update back.
         return Err(match student.and_then(|s| s.user_id) {
             Some(linked) => RecordError::LinkConflict {
                 student_id: row.aggregate_id,
@@ -122,90 +185,55 @@ pub async fn record_delivery(
             None => RecordError::StudentMissing(row.aggregate_id),
         });
     }
-    without_lease(outbox::Entity::update_many())
-        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Done))
-        .col_expr(
-            outbox::Column::DeliveredUserId,
-            Expr::value(user_id.to_string()),
-        )
-        .col_expr(outbox::Column::ProcessedAt, Expr::value(at))
-        .col_expr(
-            outbox::Column::LastError,
-            Expr::value(Option::<String>::None),
-        )
-        .filter(outbox::Column::Id.eq(row.id))
-        .filter(outbox::Column::Status.ne(OutboxStatus::Done))
-        .exec(&txn)
-        .await?;
-    // Crash point: before this commit the row is still leased and will be delivered again
-    // once the lease runs out (Users answers from its inbox); after it, the student is linked.
+    // Crash point: before this commit the row is still leased (or failed) and will be
+    // delivered again, Users answering from its inbox; after it, the student is linked.
     txn.commit().await?;
     Ok(())
 }
 
 /// Gives a row back as `pending` after a transient failure, not before `delay` from now.
-/// Does nothing if this relay no longer holds the row's lease.
+/// Returns false, changing nothing, if the row is no longer held by this claim.
 pub async fn record_retry(
     db: &DatabaseConnection,
     row: &outbox::Model,
     relay_id: &str,
     error: &str,
     delay: Duration,
-) -> Result<(), DbErr> {
+) -> Result<bool, DbErr> {
     let backend = db.get_database_backend();
-    let statement = match backend {
-        DbBackend::Postgres => Statement::from_sql_and_values(
-            backend,
-            r#"UPDATE outbox
-                  SET status = 'pending', last_error = $1,
-                      available_at = now() + $2 * interval '1 millisecond',
-                      locked_by = NULL, locked_until = NULL
-                WHERE id = $3 AND status = 'processing' AND locked_by = $4"#,
-            [
-                error.into(),
-                millis(delay).into(),
-                row.id.into(),
-                relay_id.into(),
-            ],
-        ),
-        _ => Statement::from_sql_and_values(
-            backend,
-            r#"UPDATE outbox
-                  SET status = 'pending', last_error = ?, available_at = ?,
-                      locked_by = NULL, locked_until = NULL
-                WHERE id = ? AND status = 'processing' AND locked_by = ?"#,
-            [
-                error.into(),
-                (now() + delay).into(),
-                row.id.into(),
-                relay_id.into(),
-            ],
-        ),
+    let available_at = match backend {
+        DbBackend::Postgres => {
+            Expr::cust_with_values("now() + $1 * interval '1 millisecond'", [millis(delay)])
+        }
+        _ => Expr::value(now() + delay),
     };
-    db.execute_raw(statement).await?;
-    Ok(())
+    let retried = held_by_claim(without_lease(outbox::Entity::update_many()), row, relay_id)
+        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
+        .col_expr(outbox::Column::LastError, Expr::value(error.to_owned()))
+        .col_expr(outbox::Column::AvailableAt, available_at)
+        .exec(db)
+        .await?;
+    Ok(retried.rows_affected == 1)
 }
 
-/// Marks a row `failed` for good. Does nothing if this relay no longer holds its lease (the
-/// relay that does will reach the same verdict: a rejection is saved in Users' inbox).
+/// Marks a row `failed` for good. Returns false, changing nothing, if the row is no longer
+/// held by this claim (the relay that holds it reaches its own verdict; a rejection is
+/// saved in Users' inbox, so it will be the same).
 pub async fn record_failure(
     db: &DatabaseConnection,
     row: &outbox::Model,
     relay_id: &str,
     kind: FailureKind,
     error: &str,
-) -> Result<(), DbErr> {
-    without_lease(outbox::Entity::update_many())
+) -> Result<bool, DbErr> {
+    let failed = held_by_claim(without_lease(outbox::Entity::update_many()), row, relay_id)
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Failed))
         .col_expr(outbox::Column::FailureKind, Expr::value(kind))
         .col_expr(outbox::Column::LastError, Expr::value(error.to_owned()))
         .col_expr(outbox::Column::ProcessedAt, Expr::value(now()))
-        .filter(outbox::Column::Id.eq(row.id))
-        .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
-        .filter(outbox::Column::LockedBy.eq(relay_id))
         .exec(db)
         .await?;
-    Ok(())
+    Ok(failed.rows_affected == 1)
 }
 
 /// Hands back rows this relay claimed but never sent (it is shutting down): `pending` again,
@@ -220,13 +248,66 @@ pub async fn release(db: &DatabaseConnection, ids: &[i64], relay_id: &str) -> Re
             outbox::Column::Attempts,
             Expr::col(outbox::Column::Attempts).sub(1),
         )
-        .col_expr(outbox::Column::AvailableAt, Expr::value(now()))
+        .col_expr(
+            outbox::Column::AvailableAt,
+            shared_now(db.get_database_backend()),
+        )
         .filter(outbox::Column::Id.is_in(ids.iter().copied()))
         .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
         .filter(outbox::Column::LockedBy.eq(relay_id))
         .exec(db)
         .await?;
     Ok(released.rows_affected)
+}
+
+/// Puts a `failed` row back to `pending`, due at once with its attempts reset, under
+/// `key`: its own (the same operation, tried again) or a fresh one (a new operation).
+/// Returns false, changing nothing, if the row is no longer `failed` with the key it was
+/// read with.
+pub async fn redrive(
+    db: &DatabaseConnection,
+    row: &outbox::Model,
+    key: &str,
+) -> Result<bool, DbErr> {
+    let redriven = outbox::Entity::update_many()
+        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
+        .col_expr(outbox::Column::IdempotencyKey, Expr::value(key.to_owned()))
+        .col_expr(outbox::Column::Attempts, Expr::value(0))
+        .col_expr(
+            outbox::Column::AvailableAt,
+            shared_now(db.get_database_backend()),
+        )
+        .col_expr(
+            outbox::Column::FailureKind,
+            Expr::value(Option::<FailureKind>::None),
+        )
+        .col_expr(
+            outbox::Column::ProcessedAt,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .filter(outbox::Column::Id.eq(row.id))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
+        .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
+        .exec(db)
+        .await?;
+    Ok(redriven.rows_affected == 1)
+}
+
+/// Restricts an update to the row as long as it is held by the claim `row` came from:
+/// still `processing`, leased to `relay_id`, at the claim's attempt, under the claim's key.
+/// (Every claim counts an attempt, so the attempt tells one claim of a row from the next,
+/// even by the same relay.)
+fn held_by_claim(
+    update: UpdateMany<outbox::Entity>,
+    row: &outbox::Model,
+    relay_id: &str,
+) -> UpdateMany<outbox::Entity> {
+    update
+        .filter(outbox::Column::Id.eq(row.id))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
+        .filter(outbox::Column::LockedBy.eq(relay_id))
+        .filter(outbox::Column::Attempts.eq(row.attempts))
+        .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
 }
 
 /// Adds "no relay holds this row" (`locked_by`, `locked_until` cleared) to an update.

@@ -151,3 +151,12 @@ impl UsersClient {
         })
     }
 }
+
+/// Tells whether an error from Users is the saved answer of an earlier execution of the
+/// key (`idempotent-replayed: true`), as opposed to a failure of this call.
+pub fn was_replayed(status: &Status) -> bool {
+    status
+        .metadata()
+        .get(REPLAYED_HEADER)
+        .is_some_and(|value| value == "true")
+}

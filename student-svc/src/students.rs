@@ -9,7 +9,7 @@ use platform::{
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait,
-    QueryFilter, QueryOrder, QuerySelect, Set,
+    NotSet, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 use uuid::Uuid;
 
@@ -90,6 +90,13 @@ async fn insert_student_with_outbox(
     let payload = serde_json::to_value(&payload)
         .map_err(|err| sea_orm::DbErr::Custom(format!("cannot encode payload: {err}")))?;
 
+    // On PostgreSQL `available_at` is left to the column's `now()` default: the relays'
+    // claims compare it with the database's clock, so it must come from that clock too.
+    let available_at = match db.get_database_backend() {
+        DbBackend::Postgres => NotSet,
+        _ => Set(created_at),
+    };
+
     let txn = begin_write(db).await?;
     let student = students::ActiveModel {
         id: Set(id),
@@ -116,7 +123,7 @@ async fn insert_student_with_outbox(
         status: Set(OutboxStatus::Pending),
         attempts: Set(0),
         last_error: Set(None),
-        available_at: Set(created_at),
+        available_at,
         locked_until: Set(None),
         locked_by: Set(None),
         created_at: Set(created_at),
@@ -136,6 +143,7 @@ async fn insert_student_with_outbox(
     failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
     // Crash point: before this commit nothing exists; after it, both rows do.
     txn.commit().await?;
+    failpoint::hit(failpoint::points::STUDENT_AFTER_COMMIT).await;
     Ok(StudentView {
         student,
         create_user: Some(create_user),

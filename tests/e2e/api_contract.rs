@@ -1,7 +1,16 @@
 //! The API contract clients act on: races on one key, domain rules kept apart from the
 //! inbox, typed error details, size and load limits.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use sea_orm::{EntityTrait, sea_query::Expr};
+use users_svc::entity::users;
 
 use platform::grpc_server::Limits;
 use proto::{
@@ -20,6 +29,7 @@ use crate::{
     support::{
         Backend,
         app::spawn_app_with_limits,
+        eventually,
         invariants::{students_and_outbox_rows, users_and_inbox_rows},
         spawn_app, student_request,
     },
@@ -31,6 +41,7 @@ on_both_backends!(
     one_key_raced_with_two_requests_never_makes_a_second_user,
     every_invalid_argument_names_its_field_in_a_bad_request_violation,
     errors_carry_stable_reasons_in_error_info,
+    document_numbers_differing_only_in_case_name_one_document,
     oversized_requests_are_out_of_range_and_store_nothing,
     a_flood_is_shed_quickly_and_the_service_recovers,
 );
@@ -320,15 +331,62 @@ async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
     let Some(app) = spawn_app_with_limits(backend, limits).await else {
         return;
     };
-    let calls = (0..300).map(|n| {
-        let mut users = app.users.clone();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", app.users_addr))
+        .expect("endpoint")
+        .connect_lazy();
+    let health = HealthClient::new(channel);
+    let check = || {
+        let mut health = health.clone();
         async move {
-            users
-                .create_user(user_request(&format!("flood-{n}"), &format!("DOC-{n}")))
+            health
+                .check(HealthCheckRequest {
+                    service: "users.v1.UsersService".into(),
+                })
                 .await
+                .map(|answer| answer.into_inner().status())
+        }
+    };
+    eventually(
+        "users-svc to report SERVING",
+        Duration::from_secs(10),
+        || async { (check().await.ok()? == ServingStatus::Serving).then_some(()) },
+    )
+    .await;
+    // Waves of 100 concurrent calls against a limit of 4, until told to stop: the flood is
+    // certainly in flight while health is probed below.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = tokio::spawn({
+        let (users, stop) = (app.users.clone(), stop.clone());
+        async move {
+            let mut answers = Vec::new();
+            let mut wave = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let calls = (0..100).map(|n| {
+                    let mut users = users.clone();
+                    let n = wave * 100 + n;
+                    async move {
+                        users
+                            .create_user(user_request(&format!("flood-{n}"), &format!("DOC-{n}")))
+                            .await
+                    }
+                });
+                answers.extend(futures::future::join_all(calls).await);
+                wave += 1;
+            }
+            answers
         }
     });
-    let answers = futures::future::join_all(calls).await;
+
+    // Health is never shed: it answers SERVING while the flood is being shed.
+    for _ in 0..5 {
+        let status = check().await.expect("health answers during the flood");
+        assert_eq!(status, ServingStatus::Serving);
+        assert!(!flood.is_finished(), "the flood was still in flight");
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let answers = flood.await.expect("flood task");
+
     let mut accepted = 0;
     let mut shed = 0;
     for answer in &answers {
@@ -336,6 +394,10 @@ async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
             Ok(_) => accepted += 1,
             Err(status) => {
                 assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert_eq!(
+                    reason_of(status),
+                    ("OVERLOADED".to_owned(), "grpc.server".to_owned())
+                );
                 let retry = status.get_details_retry_info().expect("RetryInfo");
                 assert!(retry.retry_delay.is_some_and(|d| d > Duration::ZERO));
                 shed += 1;
@@ -349,21 +411,62 @@ async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
         (accepted, accepted),
         "shed requests store nothing"
     );
-
-    // Health was never shed, and the service serves again at once.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", app.users_addr))
-        .expect("endpoint")
-        .connect_lazy();
-    let health = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: "users.v1.UsersService".into(),
-        })
-        .await
-        .expect("health answers");
-    assert_eq!(health.into_inner().status(), ServingStatus::Serving);
+    // The service serves again at once.
     app.users
         .clone()
         .create_user(user_request("after", "DOC-after"))
         .await
         .expect("serves after the flood");
+}
+
+async fn document_numbers_differing_only_in_case_name_one_document(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (mut student, mut users) = (app.student.clone(), app.users.clone());
+    let first = student
+        .create_student(CreateStudentRequest {
+            document_number: "ab-1001".into(),
+            ..student_request(1)
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(first.document_number, "ab-1001", "stored as sent");
+    let status = student
+        .create_student(CreateStudentRequest {
+            document_number: "AB-1001".into(),
+            ..student_request(2)
+        })
+        .await
+        .expect_err("the same document");
+    assert_eq!(
+        (status.code(), reason_of(&status).0.as_str()),
+        (Code::AlreadyExists, "DOCUMENT_NUMBER_TAKEN")
+    );
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
+
+    users
+        .create_user(user_request("k1", "xy-2002"))
+        .await
+        .expect("created");
+    let status = users
+        .create_user(user_request("k2", "XY-2002"))
+        .await
+        .expect_err("the same document");
+    assert_eq!(
+        (status.code(), reason_of(&status).0.as_str()),
+        (Code::AlreadyExists, "DOCUMENT_NUMBER_TAKEN")
+    );
+    // Disabling the holder frees the number, in any case, for one new enabled user.
+    users::Entity::update_many()
+        .col_expr(users::Column::Enabled, Expr::value(false))
+        .exec(&app.users_db)
+        .await
+        .expect("disable");
+    users
+        .create_user(user_request("k3", "Xy-2002"))
+        .await
+        .expect("the number is free again");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 3));
 }

@@ -9,6 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use platform::failpoint::points;
+
 use crate::{
     on_both_backends,
     support::{
@@ -42,12 +44,19 @@ async fn several_relays_deliver_each_effect_exactly_once(backend: Backend) {
         return;
     };
     stack.kill_relays();
+    // Calls take a little while, so no relay drains the backlog before the others start.
+    stack
+        .restart_users(Some(&format!("{}=sleep(20)", points::USERS_ON_REQUEST)))
+        .await;
+    // The backlog is there before any relay runs: they all compete for the same rows.
+    let students = 300;
+    stack.create_students(0..students).await;
     for _ in 0..relays {
         stack.start_relay(None, CONTENDED);
     }
-    let students = 300;
-    stack.create_students(0..students).await;
     stack.wait_until_all_linked(students as u64).await;
+    // Stopped before the final check, so a straggler cannot change anything after it.
+    stack.stop_relays(Duration::from_secs(15));
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, students).await;
     assert!(
         stack
@@ -57,6 +66,14 @@ async fn several_relays_deliver_each_effect_exactly_once(backend: Backend) {
             .all(|row| row.locked_by.is_none()),
         "nothing left leased"
     );
+    // Relays 1..=relays (relay-0 was the stack's first, killed before any student).
+    for n in 1..=relays {
+        let delivered = stack
+            .relay_log_of(n)
+            .matches("delivered and linked")
+            .count();
+        assert!(delivered > 0, "relay {n} delivered nothing");
+    }
 }
 
 /// Seconds of chaos: `SOAK_SECONDS` (default 12, so CI stays quick; raise it locally).
@@ -113,6 +130,7 @@ async fn soak_with_random_kills_loses_and_duplicates_nothing(backend: Backend) {
     creator.await.expect("creator");
     let students = created.load(Ordering::Relaxed);
     stack.wait_until_all_linked(students as u64).await;
+    stack.stop_relays(Duration::from_secs(15));
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, students).await;
 
     // From the relays' logs, for the report only: a relay killed right after a commit

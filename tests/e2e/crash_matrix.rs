@@ -21,6 +21,7 @@ use crate::{
 
 on_both_backends!(
     student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_once,
+    student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key,
     rows_committed_while_no_relay_runs_are_delivered_once,
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
     users_crash_before_commit_rolls_back_and_the_retry_creates_once,
@@ -81,6 +82,47 @@ async fn student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_on
         .expect("same key again")
         .into_inner();
     assert_eq!(again.id, first.id);
+    stack.wait_until_all_linked(1).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+}
+
+async fn student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack
+        .restart_student(Some(&armed(points::STUDENT_AFTER_COMMIT, "abort")))
+        .await;
+    let request = CreateStudentRequest {
+        idempotency_key: Some("enrol-1".into()),
+        ..student_request(1)
+    };
+    stack
+        .student_client()
+        .create_student(request.clone())
+        .await
+        .expect_err("the service dies after committing, before answering");
+    stack.wait_for_student_abort();
+    assert_eq!(
+        students_and_outbox_rows(&stack.student_db).await,
+        (1, 1),
+        "committed: the student and its outbox row exist although the client got no answer"
+    );
+    let committed = stack.outbox_rows().await.remove(0);
+
+    stack.restart_student(None).await;
+    let retried = stack
+        .student_client()
+        .create_student(request)
+        .await
+        .expect("the retry with the same key is answered")
+        .into_inner();
+    assert_eq!(
+        retried.id,
+        committed.aggregate_id.to_string(),
+        "the student committed before the crash, not a new one"
+    );
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 1));
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
 }
@@ -174,10 +216,25 @@ async fn users_crash_after_commit_is_answered_from_the_inbox(backend: Backend) {
     stack.restart_users(None).await;
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
-    assert!(
-        stack.relay_log().contains("from_inbox=true"),
-        "the redelivery was answered from the inbox"
-    );
+    // The redelivery was answered from the inbox.
+    stack
+        .wait_for_relay_log_lines("delivered and linked", 1)
+        .await;
+    let delivered: Vec<String> = delivered_lines(&stack.relay_log());
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert!(delivered[0].contains("from_inbox=true"), "{delivered:?}");
+}
+
+/// The relays' "delivered and linked" lines, in the order they were logged.
+fn delivered_lines(log: &str) -> Vec<String> {
+    let mut lines: Vec<String> = log
+        .lines()
+        .filter(|line| line.contains("delivered and linked"))
+        .map(str::to_owned)
+        .collect();
+    // Each line starts with its RFC 3339 UTC timestamp: sorting the text sorts by time.
+    lines.sort();
+    lines
 }
 
 async fn relay_crash_before_finalize_is_redelivered_and_answered_from_the_inbox(backend: Backend) {
@@ -195,7 +252,17 @@ async fn relay_crash_before_finalize_is_redelivered_and_answered_from_the_inbox(
     stack.start_relay(None, &[]);
     stack.wait_until_all_linked(3).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
-    assert!(stack.relay_log().contains("from_inbox=true"));
+    // Every row Users had answered before the crash was answered again from its inbox.
+    let log = stack
+        .wait_for_relay_log_lines("delivered and linked", 3)
+        .await;
+    let delivered = delivered_lines(&log);
+    let from_inbox = delivered
+        .iter()
+        .filter(|line| line.contains("from_inbox=true"))
+        .count();
+    assert_eq!(delivered.len(), 3, "{log}");
+    assert!(from_inbox as u64 >= users, "{users} users existed: {log}");
 }
 
 async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend) {
@@ -203,7 +270,8 @@ async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend
         return;
     };
     stack.kill_relays();
-    // Relay A gets Users' answer, then stalls for twice its lease before recording it.
+    // Relay A (relay-1) gets Users' answer, then stalls for twice its lease before
+    // recording it.
     stack.start_relay(
         Some(&armed(points::RELAY_BEFORE_FINALIZE, "1*sleep(4000)")),
         &[],
@@ -214,24 +282,40 @@ async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend
         (users == 1).then_some(())
     })
     .await;
-    // Relay B claims the row once A's lease runs out, delivers it (the inbox answers) and
-    // links it; then A wakes up and records the same answer again.
+    // Relay B (relay-2) claims the row once A's lease runs out, delivers it (the inbox
+    // answers) and links it. Then A wakes up: its claim is gone, so its finalize loses and
+    // changes nothing.
     stack.start_relay(None, &[]);
     stack.wait_until_all_linked(1).await;
-    eventually(
-        "both relays recorded their delivery",
-        LINK_DEADLINE,
-        || async { (stack.relay_log().matches("delivered and linked").count() == 2).then_some(()) },
-    )
-    .await;
-    let log = stack.relay_log();
+    let linked = stack.outbox_rows().await.remove(0);
+    let relay_a = stack
+        .wait_for_log_lines("relay-1", "late finalize lost", 1)
+        .await;
+    let relay_b = stack.relay_log_of(2);
+    let finalized_b = first_line_with(&relay_b, "delivered and linked");
+    let lost_a = first_line_with(&relay_a, "late finalize lost");
+    assert!(finalized_b.contains("from_inbox=true"), "{finalized_b}");
     assert!(
-        log.contains("from_inbox=false") && log.contains("from_inbox=true"),
-        "{log}"
+        finalized_b < lost_a,
+        "B finalized first, then A's late finalize lost:\n{finalized_b}\n{lost_a}"
+    );
+    assert!(
+        !relay_a.contains("delivered and linked"),
+        "A recorded nothing:\n{relay_a}"
     );
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
-    let row = &stack.outbox_rows().await[0];
+    let row = stack.outbox_rows().await.remove(0);
+    assert_eq!(row, linked, "A's late finalize changed nothing");
     assert_eq!((row.status, row.attempts), (OutboxStatus::Done, 2));
+}
+
+/// The first line of `log` containing `needle` (lines start with their UTC timestamp, so
+/// two such lines compare by time).
+fn first_line_with(log: &str, needle: &str) -> String {
+    log.lines()
+        .find(|line| line.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{log}"))
+        .to_owned()
 }
 
 async fn users_slower_than_the_deadline_is_retried_and_creates_once(backend: Backend) {
@@ -247,7 +331,35 @@ async fn users_slower_than_the_deadline_is_retried_and_creates_once(backend: Bac
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     let row = &stack.outbox_rows().await[0];
-    assert!(row.attempts >= 2, "the first attempt timed out");
+    assert_eq!(
+        row.attempts, 2,
+        "the first attempt timed out, the second linked"
+    );
+
+    // Had Users finished the first execution after the relay stopped waiting, the retry
+    // would have been answered from the inbox. It was not: the first execution was
+    // abandoned, the second one created the user.
+    let relay = stack
+        .wait_for_relay_log_lines("delivered and linked", 1)
+        .await;
+    let timed_out = first_line_with(&relay, "delivery failed, will retry");
+    let delivered = delivered_lines(&relay);
+    assert_eq!(delivered.len(), 1, "{relay}");
+    assert!(
+        delivered[0].contains("from_inbox=false"),
+        "{}",
+        delivered[0]
+    );
+    assert!(timed_out < delivered[0], "the timeout came first:\n{relay}");
+    let users = stack
+        .wait_for_log_lines("users-svc", "user created", 1)
+        .await;
+    assert_eq!(users.matches("user created").count(), 1, "{users}");
+    assert_eq!(
+        users.matches("answered from the inbox").count(),
+        0,
+        "{users}"
+    );
 }
 
 async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key(backend: Backend) {
@@ -291,17 +403,21 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
     assert_eq!(
         String::from_utf8_lossy(&refused.stdout),
         format!(
-            "id={} key={} skipped: rejected by Users; the same key gets the same answer, use --new-key\nrequeued=0 skipped=1 errors=0\n",
+            "id={} key={} skipped: rejected; the same key gets the same answer, use --new-key\nrequeued=0 linked=0 skipped=1 errors=0\n",
             failed.id, failed.idempotency_key
         )
     );
     let redriven =
         stack.relay_command(&["retry-failed", "--id", &failed.id.to_string(), "--new-key"]);
+    let stdout = String::from_utf8_lossy(&redriven.stdout);
+    assert_eq!(redriven.status.code(), Some(0), "{stdout}");
+    let rekeyed = stack.outbox_rows().await.remove(0);
     assert_eq!(
-        redriven.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&redriven.stdout)
+        stdout,
+        format!(
+            "id={} key={} requeued (new key; was {})\nrequeued=1 linked=0 skipped=0 errors=0\n",
+            failed.id, rekeyed.idempotency_key, failed.idempotency_key
+        )
     );
     // A new key is a new operation: Users judges it afresh and, the conflict still being
     // there, rejects it again, once.

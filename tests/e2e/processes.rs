@@ -3,16 +3,21 @@
 
 use std::time::Duration;
 
+use devstack::{Process, wait_until_serving};
+use platform::failpoint::points;
 use proto::student::v1::{GetStudentRequest, UserLinkStatus};
-use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
-use student_svc::entity::outbox;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use student_svc::entity::outbox::{self, OutboxStatus};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
 use crate::{
     on_both_backends,
     support::{
-        Backend, eventually,
+        Backend, TestDatabases, eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
-        stack::{LINK_DEADLINE, Stack},
+        stack::{LINK_DEADLINE, Stack, binaries},
     },
 };
 
@@ -21,7 +26,9 @@ on_both_backends!(
     a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing,
     users_svc_killed_and_restarted_delays_but_loses_nothing,
     sigterm_stops_every_binary_cleanly,
+    sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
+    two_replicas_migrating_one_empty_database_at_once_both_serve,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -74,7 +81,7 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     assert_eq!(status.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&status.stdout),
-        "pending 0\nprocessing 0\ndone 20\nfailed 0\noldest_pending_age_seconds 0\n"
+        "pending 0\nprocessing 0\ndone 20\nfailed 0\noldest_pending_age_seconds 0\nretrying 0\n"
     );
 }
 
@@ -117,26 +124,27 @@ async fn users_svc_killed_and_restarted_delays_but_loses_nothing(backend: Backen
 
     stack.kill_users();
     stack.create_students(5..15).await;
-    // The relay keeps trying: attempts are recorded, rows stay pending, nothing fails.
-    eventually(
-        "failed attempts recorded while Users is down",
+    // The relay keeps trying: wait until every new row has failed several attempts, then
+    // check that none gave up.
+    let rows = eventually(
+        "three failed attempts on every row while Users is down",
         LINK_DEADLINE,
         || async {
-            let retried = outbox::Entity::find()
-                .filter(outbox::Column::Attempts.gt(0))
-                .count(&stack.student_db)
+            let rows = outbox::Entity::find()
+                .filter(outbox::Column::Attempts.gte(3))
+                .all(&stack.student_db)
                 .await
-                .expect("count");
-            (retried > 0).then_some(())
+                .expect("outbox");
+            (rows.len() == 10).then_some(rows)
         },
     )
     .await;
-    let failed = outbox::Entity::find()
-        .filter(outbox::Column::Status.eq(outbox::OutboxStatus::Failed))
-        .count(&stack.student_db)
-        .await
-        .expect("count");
-    assert_eq!(failed, 0, "a Users outage fails no row");
+    for row in &rows {
+        assert!(
+            row.status != outbox::OutboxStatus::Failed && row.failure_kind.is_none(),
+            "a Users outage fails no row: {row:?}"
+        );
+    }
     assert_eq!(stack.linked_students().await, 5);
 
     stack.restart_users(None).await;
@@ -163,18 +171,50 @@ async fn sigterm_stops_every_binary_cleanly(backend: Backend) {
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
 }
 
+async fn sigterm_lets_a_relay_finish_the_calls_it_has_in_flight(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    // Each call takes 700 ms, inside the relay's 1 s deadline.
+    stack
+        .restart_users(Some(&format!("{}=sleep(700)", points::USERS_ON_REQUEST)))
+        .await;
+    stack.create_students(0..6).await;
+    stack.start_relay(None, &[]);
+    stack
+        .wait_for_log_lines("users-svc", "fail point: sleeping", 6)
+        .await;
+    // Every row is in a call now. SIGTERM: no new claims, the calls finish and are recorded.
+    stack.stop_relays(Duration::from_secs(15));
+    let rows = stack.outbox_rows().await;
+    assert!(
+        rows.iter()
+            .all(|row| row.status == OutboxStatus::Done && row.locked_by.is_none()),
+        "every call in flight was finished and recorded, nothing left leased: {rows:?}"
+    );
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 6).await;
+}
+
 async fn a_request_past_the_server_timeout_is_cancelled_and_stores_nothing(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     stack.kill_relays();
-    let slow = "users-before-commit=sleep(5000)";
+    // The handler would commit 1.5 s after it starts; the server gives up after 500 ms.
+    let would_commit_after = Duration::from_millis(1500);
+    let slow = format!(
+        "{}=sleep({})",
+        points::USERS_BEFORE_COMMIT,
+        would_commit_after.as_millis()
+    );
     stack
-        .restart_users_with(Some(slow), &["--request-timeout", "500ms"])
+        .restart_users_with(Some(&slow), &["--request-timeout", "500ms"])
         .await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", stack.users_addr))
         .expect("endpoint")
         .connect_lazy();
+    let sent = tokio::time::Instant::now();
     let status = proto::users::v1::users_service_client::UsersServiceClient::new(channel)
         .create_user(proto::users::v1::CreateUserRequest {
             idempotency_key: "slow".into(),
@@ -187,7 +227,180 @@ async fn a_request_past_the_server_timeout_is_cancelled_and_stores_nothing(backe
         .await
         .expect_err("the server gives up after its timeout");
     assert_eq!(status.code(), tonic::Code::Cancelled, "{status:?}");
-    // The handler was dropped mid-transaction: rolled back, and it can never commit later.
+    // The handler reached its transaction before it was cancelled...
+    stack
+        .wait_for_log_lines("users-svc", "fail point: sleeping", 1)
+        .await;
+    // ...and had it not been dropped, it would have committed by now. It was: rolled back.
+    tokio::time::sleep_until(sent + would_commit_after + Duration::from_millis(500)).await;
     assert_eq!(users_and_inbox_rows(&stack.users_db).await, (0, 0));
+    assert!(!stack.log_of("users-svc").contains("user created"));
     stack.assert_running();
+}
+
+async fn two_replicas_migrating_one_empty_database_at_once_both_serve(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    for (binary, url, service, applied) in [
+        (
+            "student-svc",
+            &dbs.student_url,
+            "student.v1.StudentService",
+            student_migrations(),
+        ),
+        (
+            "users-svc",
+            &dbs.users_url,
+            "users.v1.UsersService",
+            users_migrations(),
+        ),
+    ] {
+        let args: Vec<String> = ["--listen", "127.0.0.1:0", "--database-url", url]
+            .map(str::to_owned)
+            .to_vec();
+        // Both start before either has touched the empty database.
+        let mut replicas: Vec<Process> = (0..2)
+            .map(|n| {
+                Process::spawn_isolated(
+                    &binaries().join(binary),
+                    &args,
+                    &[("RUST_LOG".to_owned(), "info".to_owned())],
+                    &dbs.dir.path().join(format!("{binary}-{n}.log")),
+                )
+                .expect("start replica")
+            })
+            .collect();
+        for replica in &mut replicas {
+            let addr = replica
+                .listening_addr(Duration::from_secs(60))
+                .unwrap_or_else(|err| panic!("{binary} replica serves: {err:#}"));
+            wait_until_serving(addr, service, Duration::from_secs(30))
+                .await
+                .expect("healthy");
+        }
+        let db = platform::db::connect(url).await.expect("connect");
+        let recorded = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                "SELECT version FROM seaql_migrations ORDER BY version",
+            ))
+            .await
+            .expect("migration records");
+        let versions: Vec<String> = recorded
+            .iter()
+            .map(|row| row.try_get("", "version").expect("version"))
+            .collect();
+        assert_eq!(versions, applied, "{binary}: each migration applied once");
+    }
+}
+
+fn student_migrations() -> Vec<String> {
+    use sea_orm_migration::MigratorTrait as _;
+    migrations::student::Migrator::migrations()
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect()
+}
+
+fn users_migrations() -> Vec<String> {
+    use sea_orm_migration::MigratorTrait as _;
+    migrations::users::Migrator::migrations()
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect()
+}
+
+/// PostgreSQL only: a database cannot vanish from under an open SQLite file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
+    let Some(mut stack) = Stack::start(Backend::Postgres).await else {
+        return;
+    };
+    stack.create_students(0..3).await;
+    stack.wait_until_all_linked(3).await;
+
+    stack.dbs.set_student_database_reachable(false).await;
+    stack
+        .wait_for_relay_log_lines("delivery batch failed", 1)
+        .await;
+    wait_for_health(stack.student_addr, ServingStatus::NotServing).await;
+
+    stack.dbs.set_student_database_reachable(true).await;
+    wait_for_health(stack.student_addr, ServingStatus::Serving).await;
+    // The relay backed off and resumes by itself: a new student is linked.
+    stack.create_students(3..6).await;
+    stack.wait_until_all_linked(6).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 6).await;
+}
+
+async fn wait_for_health(addr: std::net::SocketAddr, expected: ServingStatus) {
+    eventually(
+        &format!("student-svc health {expected:?}"),
+        LINK_DEADLINE,
+        || async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .ok()?
+                .connect()
+                .await
+                .ok()?;
+            let status = HealthClient::new(channel)
+                .check(HealthCheckRequest {
+                    service: "student.v1.StudentService".into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status();
+            (status == expected).then_some(())
+        },
+    )
+    .await;
+}
+
+/// PostgreSQL only: on SQLite every process shares one machine and one clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_whose_clocks_run_ahead_delay_no_row() {
+    let Some(mut stack) = Stack::start(Backend::Postgres).await else {
+        return;
+    };
+    let an_hour_ahead = "clock-skew=skew(3600000)";
+    // A student-svc an hour ahead: its row is due by the database's clock, not its own.
+    stack.restart_student(Some(an_hour_ahead)).await;
+    stack.create_students(0..1).await;
+    stack.wait_until_all_linked(1).await;
+
+    // retry-failed on a host an hour ahead: the redriven row is due at once too.
+    stack
+        .users_client()
+        .create_user(crate::support::conflicting_user_request(1))
+        .await
+        .expect("someone else holds student 1's document number");
+    stack.create_students(1..2).await;
+    let failed = eventually("the row to be rejected", LINK_DEADLINE, || async {
+        let row = stack.outbox_rows().await.remove(1);
+        (row.status == OutboxStatus::Failed).then_some(row)
+    })
+    .await;
+    let output = stack.relay_command_with(
+        &["retry-failed", "--all", "--new-key"],
+        &[("FAILPOINTS", an_hour_ahead)],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let judged = eventually(
+        "the redriven row to be judged again",
+        LINK_DEADLINE,
+        || async {
+            let row = stack.outbox_rows().await.remove(1);
+            (row.status == OutboxStatus::Failed && row.idempotency_key != failed.idempotency_key)
+                .then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(judged.attempts, 1);
 }

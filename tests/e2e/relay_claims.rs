@@ -4,7 +4,10 @@ use std::{collections::HashSet, time::Duration};
 
 use relay::{BatchOutcome, RunConfig, retry_failed, store, wakeup::Wakeup};
 use sea_orm::EntityTrait;
-use student_svc::entity::outbox::{self, FailureKind, OutboxStatus};
+use student_svc::entity::{
+    outbox::{self, FailureKind, OutboxStatus},
+    students,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -14,16 +17,19 @@ use crate::{
         app::test_tuning,
         eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
-        spawn_app, student_request,
+        refusing_addr, spawn_app, student_request,
     },
 };
 
 on_both_backends!(
     concurrent_claims_never_hand_out_one_row_twice,
     an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothing,
+    a_late_finalize_changes_nothing_once_its_claim_is_gone,
     shutdown_releases_claimed_rows_that_were_not_sent,
+    a_claim_takes_no_more_rows_than_free_call_slots,
     a_failing_row_does_not_block_the_rows_behind_it,
     exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_key,
+    an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never_ran,
 );
 
 async fn create_students(app: &TestApp, range: std::ops::Range<usize>) {
@@ -45,12 +51,32 @@ async fn rows(app: &TestApp) -> Vec<outbox::Model> {
     rows
 }
 
-fn closed_port_url() -> String {
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr");
-    format!("http://{addr}")
+/// Leaves the only student's row `failed` as `exhausted` after three refused attempts.
+async fn exhaust_the_row(app: &TestApp) -> outbox::Model {
+    let (_refusing, addr) = refusing_addr();
+    let unreachable = app.relay_with(
+        &format!("http://{addr}"),
+        RunConfig {
+            max_attempts: 3,
+            backoff_max: Duration::from_millis(1),
+            ..test_tuning()
+        },
+    );
+    let failed = eventually(
+        "three attempts used up",
+        Duration::from_secs(20),
+        || async {
+            unreachable.deliver_batch().await.expect("batch");
+            let row = rows(app).await.remove(0);
+            (row.status == OutboxStatus::Failed).then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(
+        (failed.attempts, failed.failure_kind),
+        (3, Some(FailureKind::Exhausted))
+    );
+    failed
 }
 
 async fn concurrent_claims_never_hand_out_one_row_twice(backend: Backend) {
@@ -131,7 +157,7 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
         (first[0].id, 2, Some("relay-b"))
     );
     // Relay A, late, records a transient failure and a rejection: neither touches B's row.
-    store::record_retry(
+    let retried = store::record_retry(
         &app.student_db,
         &first[0],
         "relay-a",
@@ -140,7 +166,7 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
     )
     .await
     .expect("retry");
-    store::record_failure(
+    let failed = store::record_failure(
         &app.student_db,
         &first[0],
         "relay-a",
@@ -149,6 +175,7 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
     )
     .await
     .expect("fail");
+    assert_eq!((retried, failed), (false, false), "reported as not applied");
     let row = rows(&app).await.remove(0);
     assert_eq!(
         (row.status, row.locked_by.as_deref(), row.last_error),
@@ -226,28 +253,7 @@ async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_k
         return;
     };
     create_students(&app, 0..1).await;
-    let unreachable = app.relay_with(
-        &closed_port_url(),
-        RunConfig {
-            max_attempts: 3,
-            backoff_max: Duration::from_millis(1),
-            ..test_tuning()
-        },
-    );
-    let failed = eventually(
-        "three attempts used up",
-        Duration::from_secs(20),
-        || async {
-            unreachable.deliver_batch().await.expect("batch");
-            let row = rows(&app).await.remove(0);
-            (row.status == OutboxStatus::Failed).then_some(row)
-        },
-    )
-    .await;
-    assert_eq!(
-        (failed.attempts, failed.failure_kind),
-        (3, Some(FailureKind::Exhausted))
-    );
+    let failed = exhaust_the_row(&app).await;
     assert!(
         failed
             .last_error
@@ -260,6 +266,7 @@ async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_k
     let mut out = Vec::new();
     let summary = retry_failed::retry_failed(
         &app.student_db,
+        &app.relay().users,
         retry_failed::Selection::All,
         false,
         &mut out,
@@ -270,7 +277,7 @@ async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_k
     assert_eq!(
         String::from_utf8(out).expect("utf-8"),
         format!(
-            "id={} key={} requeued\nrequeued=1 skipped=0 errors=0\n",
+            "id={} key={} requeued\nrequeued=1 linked=0 skipped=0 errors=0\n",
             failed.id, failed.idempotency_key
         )
     );
@@ -289,6 +296,210 @@ async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_k
         1
     );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+}
+
+async fn an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never_ran(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..1).await;
+    let failed = exhaust_the_row(&app).await;
+
+    // Users cannot be asked about the old key: the row keeps it, and stays failed.
+    let (_refusing, addr) = refusing_addr();
+    let unreachable = app.relay_to(&format!("http://{addr}"));
+    let mut out = Vec::new();
+    let summary = retry_failed::retry_failed(
+        &app.student_db,
+        &unreachable.users,
+        retry_failed::Selection::Id(failed.id),
+        true,
+        &mut out,
+    )
+    .await
+    .expect("retry");
+    let printed = String::from_utf8(out).expect("utf-8");
+    assert_eq!(summary.exit_code(), 2, "{printed}");
+    assert!(
+        printed.starts_with(&format!(
+            "id={} key={} not re-keyed: cannot ask Users about the old key: UNAVAILABLE: ",
+            failed.id, failed.idempotency_key
+        )),
+        "{printed}"
+    );
+    assert!(
+        printed.ends_with("\nrequeued=0 linked=0 skipped=0 errors=1\n"),
+        "{printed}"
+    );
+    assert_eq!(rows(&app).await.remove(0), failed, "unchanged");
+
+    // Users says the old key never ran (NOT_IN_INBOX): a new key is safe.
+    let mut out = Vec::new();
+    let summary = retry_failed::retry_failed(
+        &app.student_db,
+        &app.relay().users,
+        retry_failed::Selection::All,
+        true,
+        &mut out,
+    )
+    .await
+    .expect("retry");
+    assert_eq!(summary.exit_code(), 0);
+    let rekeyed = rows(&app).await.remove(0);
+    assert_ne!(rekeyed.idempotency_key, failed.idempotency_key);
+    assert_eq!(
+        String::from_utf8(out).expect("utf-8"),
+        format!(
+            "id={} key={} requeued (new key; was {})\nrequeued=1 linked=0 skipped=0 errors=0\n",
+            failed.id, rekeyed.idempotency_key, failed.idempotency_key
+        )
+    );
+    assert_eq!(
+        users_and_inbox_rows(&app.users_db).await,
+        (0, 0),
+        "asking created nothing"
+    );
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+}
+
+async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..1).await;
+    let db = &app.student_db;
+    let user = uuid::Uuid::now_v7();
+    let unlinked = |row: &outbox::Model| {
+        let student_id = row.aggregate_id;
+        async move {
+            students::Entity::find_by_id(student_id)
+                .one(db)
+                .await
+                .expect("student")
+                .expect("exists")
+                .user_id
+                .is_none()
+        }
+    };
+
+    // Lost to another relay: A's lease ran out and B claimed the row.
+    let by_a = store::claim_batch(db, "relay-a", 1, Duration::from_millis(100))
+        .await
+        .expect("claim")
+        .remove(0);
+    let by_b = eventually("A's lease to run out", Duration::from_secs(10), || async {
+        store::claim_batch(db, "relay-b", 1, Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .pop()
+    })
+    .await;
+    assert_eq!(by_b.id, by_a.id);
+    let late = store::record_delivery(db, &by_a, "relay-a", user).await;
+    assert!(
+        matches!(late, Err(store::RecordError::ClaimLost(id)) if id == by_a.id),
+        "{late:?}"
+    );
+    assert_eq!(
+        rows(&app).await[0],
+        by_b,
+        "B's claim and lease are untouched"
+    );
+    assert!(unlinked(&by_a).await);
+    assert!(
+        !store::record_retry(db, &by_a, "relay-a", "late", Duration::ZERO)
+            .await
+            .expect("retry")
+    );
+    assert!(
+        !store::record_failure(db, &by_a, "relay-a", FailureKind::Rejected, "late")
+            .await
+            .expect("fail")
+    );
+    assert_eq!(rows(&app).await[0], by_b, "still untouched");
+
+    // Failed meanwhile: a late finalize cannot turn a failed row done.
+    create_students(&app, 1..2).await;
+    let by_c = store::claim_batch(db, "relay-c", 1, Duration::from_secs(60))
+        .await
+        .expect("claim")
+        .remove(0);
+    assert!(
+        store::record_failure(db, &by_c, "relay-c", FailureKind::Exhausted, "gave up")
+            .await
+            .expect("fail")
+    );
+    let failed = rows(&app).await.remove(1);
+    let late = store::record_delivery(db, &by_c, "relay-c", user).await;
+    assert!(
+        matches!(late, Err(store::RecordError::ClaimLost(_))),
+        "{late:?}"
+    );
+    assert_eq!(rows(&app).await[1], failed, "still failed");
+    assert!(unlinked(&by_c).await);
+
+    // Re-keyed meanwhile: the old key's user is never linked to the row's new operation.
+    assert!(
+        store::redrive(db, &failed, "a-fresh-key")
+            .await
+            .expect("redrive")
+    );
+    let rekeyed = rows(&app).await.remove(1);
+    let late = store::record_delivery(db, &by_c, "relay-c", user).await;
+    assert!(
+        matches!(late, Err(store::RecordError::ClaimLost(_))),
+        "{late:?}"
+    );
+    assert_eq!(rows(&app).await[1], rekeyed);
+    assert_eq!(
+        (rekeyed.status, rekeyed.idempotency_key.as_str()),
+        (OutboxStatus::Pending, "a-fresh-key")
+    );
+    assert!(unlinked(&by_c).await);
+
+    // The relay that does hold a row still records it.
+    store::record_delivery(db, &by_b, "relay-b", user)
+        .await
+        .expect("B holds the row");
+    let done = rows(&app).await.remove(0);
+    assert_eq!(
+        (done.status, done.result, done.locked_by),
+        (OutboxStatus::Done, Some(user.to_string()), None)
+    );
+    assert!(!unlinked(&by_b).await);
+}
+
+async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..10).await;
+    let relay = app.relay_with(
+        &app.users_url(),
+        RunConfig {
+            batch_size: 64,
+            concurrency: 3,
+            ..test_tuning()
+        },
+    );
+    assert_eq!(relay.claim_size(), 3);
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (3, 3));
+    let statuses: Vec<_> = rows(&app).await.into_iter().map(|row| row.status).collect();
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == OutboxStatus::Pending)
+            .count(),
+        7,
+        "the other rows were never leased: {statuses:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -7,8 +7,12 @@ use proto::{
     users::v1::CreateUserRequest,
 };
 use relay::{BatchOutcome, replay};
-use sea_orm::{EntityTrait, QueryOrder};
-use student_svc::entity::outbox::{self, CreateUserPayload, OutboxStatus};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr};
+use student_svc::entity::{
+    outbox::{self, CreateUserPayload, FailureKind, OutboxStatus},
+    students,
+};
+use users_svc::entity::users;
 use uuid::Uuid;
 
 use crate::{
@@ -22,6 +26,9 @@ use crate::{
 
 on_both_backends!(
     one_batch_links_every_pending_student,
+    a_student_linked_to_another_user_fails_its_row_as_a_link_conflict,
+    a_missing_student_fails_its_row_and_holds_back_no_one,
+    an_unreadable_payload_fails_its_row_and_holds_back_no_one,
     a_redelivery_after_a_lost_answer_is_answered_from_the_inbox,
     users_down_keeps_rows_pending_with_backoff,
     a_rejection_fails_the_row_and_shows_on_the_student,
@@ -66,6 +73,7 @@ async fn one_batch_links_every_pending_student(backend: Backend) {
             retried: 0,
             failed: 0,
             released: 0,
+            superseded: 0,
         }
     );
     let links = assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 5).await;
@@ -90,6 +98,155 @@ async fn one_batch_links_every_pending_student(backend: Backend) {
         BatchOutcome::default()
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (5, 5));
+}
+
+/// Statuses of the outbox rows, oldest first.
+async fn statuses(app: &TestApp) -> Vec<outbox::Model> {
+    outbox::Entity::find()
+        .order_by_asc(outbox::Column::Id)
+        .all(&app.student_db)
+        .await
+        .expect("outbox")
+}
+
+async fn a_student_linked_to_another_user_fails_its_row_as_a_link_conflict(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let ids = create_students(&app, 2).await;
+    // Student 0 shows a user nobody delivered (a manual fix gone wrong, say).
+    let foreign = Uuid::now_v7();
+    let first = Uuid::parse_str(&ids[0]).expect("uuid");
+    students::Entity::update_many()
+        .col_expr(students::Column::UserId, Expr::value(foreign))
+        .filter(students::Column::Id.eq(first))
+        .exec(&app.student_db)
+        .await
+        .expect("link by hand");
+
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!(
+        (outcome.claimed, outcome.delivered, outcome.failed),
+        (2, 1, 1)
+    );
+    let rows = statuses(&app).await;
+    assert_eq!(
+        (rows[0].status, rows[1].status),
+        (OutboxStatus::Failed, OutboxStatus::Done)
+    );
+    let created = users::Entity::find()
+        .filter(users::Column::StudentId.eq(first))
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("Users created the user before the link was refused");
+    let expected = format!(
+        "LINK_CONFLICT: student {first} is already linked to user {foreign}, not {}",
+        created.id
+    );
+    assert_eq!(rows[0].last_error.as_deref(), Some(expected.as_str()));
+    let student = app
+        .student
+        .clone()
+        .get_student(GetStudentRequest { id: ids[0].clone() })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(
+        (
+            student.user_link_status(),
+            student.user_id,
+            student.link_error
+        ),
+        (UserLinkStatus::Failed, foreign.to_string(), expected),
+        "the existing link is never overwritten"
+    );
+    // A new key would make Users create a second user for this student: refused.
+    let mut out = Vec::new();
+    let summary = relay::retry_failed::retry_failed(
+        &app.student_db,
+        &app.relay().users,
+        relay::retry_failed::Selection::All,
+        true,
+        &mut out,
+    )
+    .await
+    .expect("retry-failed");
+    assert_eq!(summary.exit_code(), 2);
+    assert_eq!(
+        String::from_utf8(out).expect("utf-8"),
+        format!(
+            "id={} key={} not re-keyed: Users created user={} for this key, but student {first} is already linked to user {foreign}, not {}\nrequeued=0 linked=0 skipped=0 errors=1\n",
+            rows[0].id, rows[0].idempotency_key, created.id, created.id
+        )
+    );
+    assert_eq!(statuses(&app).await[0], rows[0], "left as it was");
+}
+
+async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let ids = create_students(&app, 2).await;
+    let gone = Uuid::parse_str(&ids[0]).expect("uuid");
+    students::Entity::delete_by_id(gone)
+        .exec(&app.student_db)
+        .await
+        .expect("delete the student");
+
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!(
+        (outcome.claimed, outcome.delivered, outcome.failed),
+        (2, 1, 1)
+    );
+    let rows = statuses(&app).await;
+    assert_eq!(
+        (rows[0].status, rows[1].status),
+        (OutboxStatus::Failed, OutboxStatus::Done)
+    );
+    assert_eq!(
+        rows[0].last_error.as_deref(),
+        Some(format!("STUDENT_MISSING: student {gone} does not exist").as_str())
+    );
+    assert_eq!(rows[0].failure_kind, Some(FailureKind::Rejected));
+}
+
+async fn an_unreadable_payload_fails_its_row_and_holds_back_no_one(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 2).await;
+    let oldest = statuses(&app).await.remove(0);
+    outbox::Entity::update_many()
+        .col_expr(
+            outbox::Column::Payload,
+            Expr::value(serde_json::json!({ "version": 1, "email": 7 })),
+        )
+        .filter(outbox::Column::Id.eq(oldest.id))
+        .exec(&app.student_db)
+        .await
+        .expect("spoil the payload");
+
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!(
+        (outcome.claimed, outcome.delivered, outcome.failed),
+        (2, 1, 1)
+    );
+    let rows = statuses(&app).await;
+    assert_eq!(
+        (rows[0].status, rows[0].attempts, rows[0].failure_kind),
+        (OutboxStatus::Failed, 1, Some(FailureKind::Rejected))
+    );
+    assert_eq!(
+        rows[0].last_error.as_deref(),
+        Some("UNREADABLE_PAYLOAD: the stored payload cannot be decoded")
+    );
+    assert_eq!(rows[1].status, OutboxStatus::Done);
+    assert_eq!(
+        users_and_inbox_rows(&app.users_db).await,
+        (1, 1),
+        "nothing was sent for the unreadable row"
+    );
 }
 
 async fn a_redelivery_after_a_lost_answer_is_answered_from_the_inbox(backend: Backend) {
@@ -133,11 +290,8 @@ async fn users_down_keeps_rows_pending_with_backoff(backend: Backend) {
         return;
     };
     create_students(&app, 1).await;
-    // A port nobody listens on: bind one, then free it.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr");
+    // A port that refuses connections for as long as this test runs.
+    let (_refusing, closed) = crate::support::refusing_addr();
     let before = platform::db::now();
     let outcome = app
         .relay_to(&format!("http://{closed}"))
@@ -152,6 +306,7 @@ async fn users_down_keeps_rows_pending_with_backoff(backend: Backend) {
             retried: 1,
             failed: 0,
             released: 0,
+            superseded: 0,
         }
     );
 
@@ -209,6 +364,7 @@ async fn a_rejection_fails_the_row_and_shows_on_the_student(backend: Backend) {
             retried: 0,
             failed: 1,
             released: 0,
+            superseded: 0,
         }
     );
     let row = only_row(&app).await;

@@ -27,7 +27,7 @@ use crate::{
         certs::TestPki,
         eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
-        stack::{Stack, binaries},
+        stack::{LINK_DEADLINE, Stack, binaries},
         student_request,
     },
 };
@@ -38,6 +38,7 @@ on_both_backends!(
     a_relay_that_does_not_trust_the_ca_keeps_the_row_pending,
     calls_without_the_token_are_unauthenticated_while_health_stays_open,
     the_binaries_take_tls_and_the_token_from_their_environment,
+    a_token_rotation_under_a_pending_backlog_fails_no_row,
     no_email_or_document_number_reaches_any_log,
 );
 
@@ -170,7 +171,8 @@ async fn calls_without_the_token_are_unauthenticated_while_health_stays_open(bac
         (Code::Unauthenticated, "missing or invalid bearer token")
     );
 
-    // A relay with the wrong token: UNAUTHENTICATED is permanent, the row fails visibly.
+    // A relay with the wrong token: UNAUTHENTICATED says nothing about the operation (the
+    // request never reached the inbox), so the row is retried, not failed.
     app.student
         .clone()
         .create_student(student_request(1))
@@ -180,10 +182,15 @@ async fn calls_without_the_token_are_unauthenticated_while_health_stays_open(bac
         .deliver_batch()
         .await
         .expect("batch");
-    assert_eq!(outcome.failed, 1);
+    assert_eq!((outcome.retried, outcome.failed), (1, 0));
+    let row = only_row(&app).await;
     assert_eq!(
-        only_row(&app).await.last_error.as_deref(),
-        Some("UNAUTHENTICATED: missing or invalid bearer token")
+        (row.status, row.failure_kind, row.last_error.as_deref()),
+        (
+            OutboxStatus::Pending,
+            None,
+            Some("UNAUTHENTICATED: missing or invalid bearer token")
+        )
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
 
@@ -214,6 +221,7 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
 
     // A token shorter than 16 bytes is refused at start-up, saying why.
     let short = std::process::Command::new(binaries().join("users-svc"))
+        .env_clear()
         .args(["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url])
         .env("USERS_AUTH_TOKEN", "too-short")
         .output()
@@ -221,10 +229,10 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     assert!(!short.status.success());
     assert!(
         String::from_utf8_lossy(&short.stderr)
-            .contains("USERS_AUTH_TOKEN must be at least 16 bytes long")
+            .contains("every USERS_AUTH_TOKEN token must be at least 16 bytes long")
     );
 
-    let mut users = Process::spawn(
+    let mut users = Process::spawn_isolated(
         &binaries().join("users-svc"),
         &args(&["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url]),
         &env(&[
@@ -238,7 +246,7 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     let users_addr = users
         .listening_addr(Duration::from_secs(30))
         .expect("listens");
-    let mut student = Process::spawn(
+    let mut student = Process::spawn_isolated(
         &binaries().join("student-svc"),
         &args(&[
             "--listen",
@@ -262,7 +270,7 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
         ("USERS_TLS_CA", path(&ca)),
         ("USERS_AUTH_TOKEN", TOKEN.into()),
     ]);
-    let _relay = Process::spawn(
+    let _relay = Process::spawn_isolated(
         &binaries().join("relay"),
         &args(&["run", "--poll-interval", "50ms"]),
         &relay_env,
@@ -309,6 +317,7 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     .await;
 
     let replay = std::process::Command::new(binaries().join("relay"))
+        .env_clear()
         .args(["replay", "--all"])
         .envs(relay_env.iter().map(|(k, v)| (k, v)))
         .output()
@@ -328,9 +337,80 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     assert_each_student_linked_exactly_once(&student_db, &users_db, 1).await;
 }
 
+const OLD_TOKEN: &str = "old-token-0123456789abcdef";
+const NEW_TOKEN: &str = "new-token-fedcba9876543210";
+
+async fn a_token_rotation_under_a_pending_backlog_fails_no_row(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let relay_token = |token: &'static str| ["--users-auth-token", token];
+
+    // Users accepts the old token; a relay with it delivers.
+    stack.kill_relays();
+    stack
+        .restart_users_with(None, &["--auth-token", OLD_TOKEN])
+        .await;
+    stack.start_relay(None, &relay_token(OLD_TOKEN));
+    stack.create_students(0..3).await;
+    stack.wait_until_all_linked(3).await;
+
+    // A backlog builds while no relay runs; the rotation starts: Users accepts both.
+    stack.kill_relays();
+    stack.create_students(3..8).await;
+    let both = format!("{OLD_TOKEN},{NEW_TOKEN}");
+    stack
+        .restart_users_with(None, &["--auth-token", &both])
+        .await;
+    // A relay on the new token and one still on the old one both deliver.
+    stack.start_relay(None, &relay_token(NEW_TOKEN));
+    stack.start_relay(None, &relay_token(OLD_TOKEN));
+    stack.wait_until_all_linked(8).await;
+
+    // The rotation ends: the old token is dropped, and a relay left on it (a typo, a
+    // forgotten host) is refused. Its rows wait and retry; none fails.
+    stack.kill_relays();
+    stack
+        .restart_users_with(None, &["--auth-token", NEW_TOKEN])
+        .await;
+    stack.start_relay(None, &relay_token(OLD_TOKEN));
+    stack.create_students(8..12).await;
+    let waiting = eventually(
+        "every new row refused three times",
+        LINK_DEADLINE,
+        || async {
+            let rows = stack.outbox_rows().await;
+            let waiting: Vec<_> = rows.into_iter().filter(|row| row.attempts >= 3).collect();
+            (waiting.len() == 4).then_some(waiting)
+        },
+    )
+    .await;
+    for row in &waiting {
+        assert_eq!(
+            (row.status, row.failure_kind),
+            (OutboxStatus::Pending, None),
+            "refused by the token, not failed: {row:?}"
+        );
+    }
+    let status = stack.relay_command(&["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(status.contains("failed 0\n"), "{status}");
+    assert!(status.ends_with("retrying 4\n"), "{status}");
+    stack.wait_for_relay_log_lines("UNAUTHENTICATED", 1).await;
+
+    // Fixing the relay's token delivers them.
+    stack.kill_relays();
+    stack.start_relay(None, &relay_token(NEW_TOKEN));
+    stack.wait_until_all_linked(12).await;
+    stack.stop_relays(Duration::from_secs(15));
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 12).await;
+}
+
 /// Values no log line may contain in clear.
 const CANARY_EMAIL: &str = "pii.canary.7@example.edu";
 const CANARY_DOCUMENT: &str = "PIICANARY77";
+const OTHER_CANARY_EMAIL: &str = "other.canary.8@example.edu";
+const OTHER_CANARY_DOCUMENT: &str = "PIICANARY88";
 
 async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
     let trace =
@@ -370,27 +450,89 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
         Code::InvalidArgument
     );
     stack.wait_until_all_linked(1).await;
-    assert_eq!(
-        stack.relay_command(&["replay", "--all"]).status.code(),
-        Some(0)
-    );
-    assert_eq!(stack.relay_command(&["status"]).status.code(), Some(0));
+    // Users' rejection path: another key asks for a user with the canary document number.
+    let mut users = stack.users_client();
+    let taken = users
+        .create_user(proto::users::v1::CreateUserRequest {
+            idempotency_key: "canary-twin".into(),
+            email: CANARY_EMAIL.into(),
+            first_name: "Twin".into(),
+            last_name: "Canary".into(),
+            document_number: CANARY_DOCUMENT.into(),
+            student_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .expect_err("taken");
+    assert_eq!(taken.code(), Code::AlreadyExists);
+    // The relay's rejection path and its redrive: a student whose number Users already
+    // gave to someone else.
+    users
+        .create_user(proto::users::v1::CreateUserRequest {
+            idempotency_key: "canary-holder".into(),
+            email: OTHER_CANARY_EMAIL.into(),
+            first_name: "Holder".into(),
+            last_name: "Canary".into(),
+            document_number: OTHER_CANARY_DOCUMENT.into(),
+            student_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .expect("created");
+    client
+        .create_student(proto::student::v1::CreateStudentRequest {
+            email: OTHER_CANARY_EMAIL.into(),
+            document_number: OTHER_CANARY_DOCUMENT.into(),
+            ..student_request(10)
+        })
+        .await
+        .expect("created");
+    eventually("the second canary's row to fail", LINK_DEADLINE, || async {
+        let rows = stack.outbox_rows().await;
+        (rows.len() == 2 && rows[1].status == OutboxStatus::Failed).then_some(())
+    })
+    .await;
+
+    let mut cli_output = String::new();
+    for args in [
+        &["replay", "--all"][..],
+        &["status"],
+        &["retry-failed", "--all"],
+        &["retry-failed", "--all", "--new-key"],
+    ] {
+        let output = stack.relay_command(args);
+        assert!(
+            output.status.code().is_some_and(|code| code <= 1),
+            "relay {args:?}: {output:?}"
+        );
+        cli_output.push_str(&String::from_utf8_lossy(&output.stdout));
+        cli_output.push_str(&String::from_utf8_lossy(&output.stderr));
+    }
     let _ = client
         .get_student(proto::student::v1::GetStudentRequest { id })
         .await
         .expect("found");
+    // Every process has ended, so every line it wrote is in its log file.
     stack.terminate_all(Duration::from_secs(15));
 
-    let logs = stack.all_logs();
+    let logs = stack.all_logs() + &cli_output;
     assert!(
         logs.contains("p***@example.edu") && logs.contains("***77"),
         "the masked values were logged (and captured)"
     );
-    for secret in [CANARY_EMAIL, "pii.canary", CANARY_DOCUMENT] {
+    assert!(
+        cli_output.contains("rejected") || cli_output.contains("requeued"),
+        "the CLI's output was captured: {cli_output}"
+    );
+    for secret in [
+        CANARY_EMAIL,
+        "pii.canary",
+        CANARY_DOCUMENT,
+        OTHER_CANARY_EMAIL,
+        OTHER_CANARY_DOCUMENT,
+    ] {
         let leaks: Vec<&str> = logs.lines().filter(|line| line.contains(secret)).collect();
         assert!(
             leaks.is_empty(),
-            "{secret} leaked in {} log lines, first: {:?}",
+            "{secret} leaked in {} lines, first: {:?}",
             leaks.len(),
             leaks.first()
         );

@@ -34,6 +34,7 @@ impl UsersService for UsersApi {
         &self,
         request: Request<CreateUserRequest>,
     ) -> Result<Response<CreateUserResponse>, Status> {
+        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let replay_only = request
             .metadata()
             .get(REPLAY_ONLY_HEADER)

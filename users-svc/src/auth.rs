@@ -1,6 +1,10 @@
-//! Bearer-token authentication of the Users API. Users creates accounts, so when a token is
-//! configured only callers that present it (the relay, operators) may call CreateUser and
-//! GetUser. Health and reflection stay open: they reveal nothing and monitors need them.
+//! Bearer-token authentication of the Users API. Users creates accounts, so when tokens are
+//! configured only callers that present one of them (the relay, operators) may call
+//! CreateUser and GetUser. Health and reflection stay open: they reveal nothing and
+//! monitors need them.
+//!
+//! Several tokens may be accepted at once, so a token is rotated without a failed call:
+//! accept old and new, move every caller to the new one, then drop the old one.
 
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
@@ -20,7 +24,7 @@ impl AuthToken {
     pub fn new(token: &str) -> anyhow::Result<Self> {
         anyhow::ensure!(
             token.len() >= Self::MIN_BYTES,
-            "USERS_AUTH_TOKEN must be at least {} bytes long",
+            "every USERS_AUTH_TOKEN token must be at least {} bytes long",
             Self::MIN_BYTES
         );
         Ok(Self {
@@ -42,13 +46,42 @@ impl std::fmt::Debug for AuthToken {
     }
 }
 
-/// Rejects calls without `authorization: Bearer <token>` when a token is configured.
+/// The tokens users-svc accepts: one, or several while a token is being rotated.
 #[derive(Clone, Debug)]
-pub struct RequireToken(pub Option<AuthToken>);
+pub struct AcceptedTokens(Vec<AuthToken>);
+
+impl AcceptedTokens {
+    /// Parses a comma-separated list (`USERS_AUTH_TOKEN=old,new`); every token must be long
+    /// enough, and there must be at least one.
+    pub fn parse(list: &str) -> anyhow::Result<Self> {
+        let tokens = list
+            .split(',')
+            .map(AuthToken::new)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Self(tokens))
+    }
+
+    /// How many tokens are accepted (2 during a rotation).
+    pub fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Tells whether `given` is one of the tokens. Every token is compared, in constant
+    /// time, whichever matches: the timing reveals neither which one nor how many.
+    fn accepts(&self, given: &str) -> bool {
+        self.0
+            .iter()
+            .fold(false, |found, token| token.matches(given) | found)
+    }
+}
+
+/// Rejects calls without `authorization: Bearer <token>` when tokens are configured.
+#[derive(Clone, Debug)]
+pub struct RequireToken(pub Option<AcceptedTokens>);
 
 impl Interceptor for RequireToken {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(token) = &self.0 else {
+        let Some(tokens) = &self.0 else {
             return Ok(request);
         };
         let presented = request
@@ -57,7 +90,7 @@ impl Interceptor for RequireToken {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.strip_prefix("Bearer "));
         match presented {
-            Some(given) if token.matches(given) => Ok(request),
+            Some(given) if tokens.accepts(given) => Ok(request),
             // The same answer whether the header is missing, malformed or wrong.
             _ => Err(Status::unauthenticated("missing or invalid bearer token")),
         }
@@ -69,9 +102,11 @@ mod tests {
     use super::*;
 
     const TOKEN: &str = "0123456789abcdef-secret";
+    const NEXT: &str = "fedcba9876543210-rotated";
 
-    fn call(token: Option<&str>, header: Option<&str>) -> Result<(), Status> {
-        let mut interceptor = RequireToken(token.map(|t| AuthToken::new(t).expect("long enough")));
+    fn call(tokens: Option<&str>, header: Option<&str>) -> Result<(), Status> {
+        let mut interceptor =
+            RequireToken(tokens.map(|t| AcceptedTokens::parse(t).expect("long enough")));
         let mut request = Request::new(());
         if let Some(header) = header {
             request
@@ -102,6 +137,25 @@ mod tests {
     }
 
     #[test]
+    fn during_a_rotation_both_tokens_pass_and_nothing_else() {
+        let both = format!("{TOKEN},{NEXT}");
+        assert!(call(Some(&both), Some(&format!("Bearer {TOKEN}"))).is_ok());
+        assert!(call(Some(&both), Some(&format!("Bearer {NEXT}"))).is_ok());
+        for header in [format!("Bearer {both}"), "Bearer nope".to_owned()] {
+            assert!(call(Some(&both), Some(&header)).is_err(), "{header}");
+        }
+        let err = AcceptedTokens::parse(&format!("{TOKEN},short")).expect_err("one too short");
+        assert_eq!(
+            err.to_string(),
+            "every USERS_AUTH_TOKEN token must be at least 16 bytes long"
+        );
+        assert!(
+            AcceptedTokens::parse(&format!("{TOKEN},")).is_err(),
+            "an empty entry"
+        );
+    }
+
+    #[test]
     fn without_a_configured_token_everything_passes() {
         assert!(call(None, None).is_ok());
     }
@@ -111,7 +165,7 @@ mod tests {
         let err = AuthToken::new("short").expect_err("too short");
         assert_eq!(
             err.to_string(),
-            "USERS_AUTH_TOKEN must be at least 16 bytes long"
+            "every USERS_AUTH_TOKEN token must be at least 16 bytes long"
         );
         let token = AuthToken::new(TOKEN).expect("long enough");
         assert_eq!(format!("{token:?}"), "AuthToken(***)");

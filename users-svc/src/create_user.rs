@@ -50,6 +50,7 @@ pub async fn create_user(
 ) -> Result<Answer, Error> {
     let request_hash = new.request_hash();
     if let Some(answer) = replay(db, &new.idempotency_key, &request_hash).await? {
+        tracing::info!("answered from the inbox");
         return Ok(answer);
     }
     if mode == Mode::ReplayOnly {
@@ -74,6 +75,7 @@ pub async fn create_user(
     // A unique violation is first of all a lost race on the same key: the winner's inbox
     // row is committed by now, so this is a replay, not a domain conflict.
     if let Some(answer) = replay(db, &new.idempotency_key, &request_hash).await? {
+        tracing::info!("answered from the inbox (a concurrent delivery of this key executed it)");
         return Ok(answer);
     }
     // Otherwise the only other unique rule is the domain's: one enabled user per document

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::{Routes, interceptor::InterceptedService};
 
 pub use api::UsersApi;
-use auth::{AuthToken, RequireToken};
+use auth::{AcceptedTokens, RequireToken};
 pub use error::Error;
 pub use new_user::NewUser;
 
@@ -55,14 +55,19 @@ pub struct Config {
     #[arg(long, env = "USERS_TLS_KEY")]
     pub tls_key: Option<std::path::PathBuf>,
     /// Require `authorization: Bearer <token>` on CreateUser and GetUser (16 bytes or more).
+    /// A comma-separated list accepts each of them, to rotate a token with no failed call.
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
 }
 
 impl Config {
-    /// The token callers must present, if one is configured (refused if too short).
-    pub fn auth_token(&self) -> anyhow::Result<Option<AuthToken>> {
-        self.auth_token.as_deref().map(AuthToken::new).transpose()
+    /// The tokens callers must present one of, if any are configured (refused if one is
+    /// too short).
+    pub fn auth_tokens(&self) -> anyhow::Result<Option<AcceptedTokens>> {
+        self.auth_token
+            .as_deref()
+            .map(AcceptedTokens::parse)
+            .transpose()
     }
 
     /// The server options this configuration asks for (reads the TLS files).
@@ -91,12 +96,12 @@ pub async fn run(
     listener: TcpListener,
     db: DatabaseConnection,
     options: ServerOptions,
-    auth_token: Option<AuthToken>,
+    auth_tokens: Option<AcceptedTokens>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let service = UsersServiceServer::new(UsersApi::new(db.clone()))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let service = InterceptedService::new(service, RequireToken(auth_token));
+    let service = InterceptedService::new(service, RequireToken(auth_tokens));
     let definition = ServiceDefinition {
         routes: Routes::new(service),
         name: "users.v1.UsersService",

@@ -5,6 +5,8 @@ use sea_orm_migration::prelude::*;
 mod m20261130_000001_create_students_table;
 mod m20261130_000002_create_outbox_table;
 mod m20261130_000003_add_outbox_failure_kind;
+mod m20261201_000004_document_number_unique_ignoring_case;
+mod m20261201_000005_outbox_available_at_from_database_clock;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -16,6 +18,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_create_students_table::Migration),
             Box::new(m20261130_000002_create_outbox_table::Migration),
             Box::new(m20261130_000003_add_outbox_failure_kind::Migration),
+            Box::new(m20261201_000004_document_number_unique_ignoring_case::Migration),
+            Box::new(m20261201_000005_outbox_available_at_from_database_clock::Migration),
         ]
     }
 }

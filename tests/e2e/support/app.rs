@@ -7,7 +7,7 @@ use tonic::{
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
 };
-use users_svc::auth::AuthToken;
+use users_svc::auth::AcceptedTokens;
 
 use super::certs::TestPki;
 use proto::{
@@ -92,7 +92,7 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<Tes
     let token = options
         .users_token
         .as_deref()
-        .map(|t| AuthToken::new(t).expect("test token"));
+        .map(|t| AcceptedTokens::parse(t).expect("test token"));
     tokio::spawn(users_svc::run(
         listener,
         users_db.clone(),

@@ -5,6 +5,7 @@ pub mod app;
 pub mod certs;
 pub mod databases;
 pub mod invariants;
+pub mod proxy;
 pub mod stack;
 
 use std::{future::Future, time::Duration};
@@ -50,6 +51,17 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// An address that refuses connections for as long as the returned socket lives: bound,
+/// never listening. (A port bound and then freed could be taken by another test's server.)
+pub fn refusing_addr() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("address"))
+        .expect("bind");
+    let addr = socket.local_addr().expect("address");
+    (socket, addr)
 }
 
 /// A valid CreateStudent request, distinct for each `n`.

@@ -12,14 +12,17 @@ use std::{
 
 use devstack::{Process, wait_until_serving};
 use nix::sys::signal::Signal;
-use proto::student::v1::student_service_client::StudentServiceClient;
+use proto::{
+    student::v1::student_service_client::StudentServiceClient,
+    users::v1::users_service_client::UsersServiceClient,
+};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
 };
 use student_svc::entity::{outbox, students};
 use tonic::transport::Channel;
 
-use super::{Backend, TestDatabases};
+use super::{Backend, TestDatabases, proxy::Proxy};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a backlog of a few hundred students may take to drain on a loaded CI machine.
@@ -53,14 +56,22 @@ pub fn binaries() -> &'static Path {
 }
 
 /// `users-svc`, `student-svc` and relays running against one test's databases.
+///
+/// Clients and relays reach each service through a [`Proxy`] the test owns, so a service
+/// restarts on a fresh port while its address stays the same for the whole test.
 pub struct Stack {
     /// `RUST_LOG` of every process this stack starts.
     pub log_filter: String,
     pub users: Process,
     pub student: Process,
     pub relays: Vec<Process>,
+    /// Relays started so far: each logs to its own `relay-N.log`.
+    relays_started: usize,
+    /// The stable addresses (the proxies); the processes behind them change on restarts.
     pub users_addr: SocketAddr,
     pub student_addr: SocketAddr,
+    users_proxy: Proxy,
+    student_proxy: Proxy,
     pub student_db: DatabaseConnection,
     pub users_db: DatabaseConnection,
     // Dropped last, after every process and connection.
@@ -77,33 +88,11 @@ impl Stack {
     /// Like [`Stack::start`], with `RUST_LOG=log_filter` for every process.
     pub async fn start_logging(backend: Backend, log_filter: &str) -> Option<Self> {
         let dbs = TestDatabases::create(backend).await?;
-        let mut users = spawn(
-            &dbs,
-            log_filter,
-            "users-svc",
-            &users_args(&dbs, "127.0.0.1:0"),
-            None,
-        );
-        let users_addr = users
-            .listening_addr(START_TIMEOUT)
-            .expect("users-svc listens");
-        let relay = spawn_relay(&dbs, log_filter, users_addr, None, &[]);
-        let mut student = spawn(
-            &dbs,
-            log_filter,
-            "student-svc",
-            &student_args(&dbs, "127.0.0.1:0"),
-            None,
-        );
-        let student_addr = student
-            .listening_addr(START_TIMEOUT)
-            .expect("student-svc listens");
-        wait_until_serving(users_addr, "users.v1.UsersService", START_TIMEOUT)
-            .await
-            .expect("users-svc healthy");
-        wait_until_serving(student_addr, "student.v1.StudentService", START_TIMEOUT)
-            .await
-            .expect("student-svc healthy");
+        let (users_proxy, student_proxy) = (Proxy::start().await, Proxy::start().await);
+        let users = start_service(&dbs, log_filter, "users-svc", &users_proxy, None, &[]).await;
+        let relay = spawn_relay(&dbs, log_filter, 0, users_proxy.addr(), None, &[]);
+        let student =
+            start_service(&dbs, log_filter, "student-svc", &student_proxy, None, &[]).await;
         let student_db = platform::db::connect(&dbs.student_url)
             .await
             .expect("Student DB");
@@ -115,8 +104,11 @@ impl Stack {
             users,
             student,
             relays: vec![relay],
-            users_addr,
-            student_addr,
+            relays_started: 1,
+            users_addr: users_proxy.addr(),
+            student_addr: student_proxy.addr(),
+            users_proxy,
+            student_proxy,
             student_db,
             users_db,
             dbs,
@@ -132,6 +124,15 @@ impl Stack {
         StudentServiceClient::new(channel)
     }
 
+    /// A client of the users-svc process (no token).
+    pub fn users_client(&self) -> UsersServiceClient<Channel> {
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.users_addr))
+                .expect("endpoint")
+                .connect_lazy();
+        UsersServiceClient::new(channel)
+    }
+
     /// Fails the test if a process that should be running has exited.
     pub fn assert_running(&mut self) {
         let processes = [&mut self.users, &mut self.student]
@@ -145,7 +146,7 @@ impl Stack {
     }
 
     /// Sends SIGTERM to every process, relays first, and returns how each ended (`None`:
-    /// still running after `timeout`).
+    /// still running after `timeout`). Once a process has ended, its log file is complete.
     pub fn terminate_all(&mut self, timeout: Duration) -> Vec<(String, Option<ExitStatus>)> {
         let processes = self
             .relays
@@ -167,16 +168,30 @@ impl Stack {
         }
     }
 
+    /// Stops every relay with SIGTERM and asserts each exits 0 within `timeout`.
+    pub fn stop_relays(&mut self, timeout: Duration) {
+        for mut relay in self.relays.drain(..) {
+            relay.signal(Signal::SIGTERM).expect("SIGTERM");
+            let status = relay
+                .wait_timeout(timeout)
+                .expect("wait")
+                .unwrap_or_else(|| panic!("relay still running {timeout:?} after SIGTERM"));
+            assert!(status.success(), "relay exited with {status} after SIGTERM");
+        }
+    }
+
     /// Starts one more relay, with `failpoints` armed (`FAILPOINTS` syntax) if given, and
     /// extra `run` flags (later flags override the test tuning).
     pub fn start_relay(&mut self, failpoints: Option<&str>, extra: &[&str]) {
         self.relays.push(spawn_relay(
             &self.dbs,
             &self.log_filter,
+            self.relays_started,
             self.users_addr,
             failpoints,
             extra,
         ));
+        self.relays_started += 1;
     }
 
     /// Waits for relay `index` to die at an armed `abort` fail point.
@@ -189,28 +204,31 @@ impl Stack {
         self.relays.remove(index);
     }
 
-    /// Kills users-svc with SIGKILL.
+    /// Kills users-svc with SIGKILL; until it is restarted, calls to it are refused.
     pub fn kill_users(&mut self) {
+        self.users_proxy.clear_backend();
         self.users.kill().expect("kill users-svc");
     }
 
-    /// Starts users-svc again on its address, optionally with fail points armed.
+    /// Starts users-svc again (on a fresh port, behind the same address), optionally with
+    /// fail points armed.
     pub async fn restart_users(&mut self, failpoints: Option<&str>) {
         self.restart_users_with(failpoints, &[]).await;
     }
 
     /// Like [`Stack::restart_users`], with extra flags.
     pub async fn restart_users_with(&mut self, failpoints: Option<&str>, extra: &[&str]) {
+        self.users_proxy.clear_backend();
         let _ = self.users.kill();
-        let mut args = users_args(&self.dbs, &self.users_addr.to_string());
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        self.users = spawn(&self.dbs, &self.log_filter, "users-svc", &args, failpoints);
-        self.users
-            .listening_addr(START_TIMEOUT)
-            .expect("users-svc listens again");
-        wait_until_serving(self.users_addr, "users.v1.UsersService", START_TIMEOUT)
-            .await
-            .expect("users-svc healthy");
+        self.users = start_service(
+            &self.dbs,
+            &self.log_filter,
+            "users-svc",
+            &self.users_proxy,
+            failpoints,
+            extra,
+        )
+        .await;
     }
 
     /// Waits for users-svc to die at an armed `abort` fail point.
@@ -220,30 +238,24 @@ impl Stack {
             .wait_timeout(START_TIMEOUT)
             .expect("wait")
             .expect("users-svc aborts");
+        self.users_proxy.clear_backend();
         assert_aborted("users-svc", status);
     }
 
-    /// Starts student-svc again on its address, optionally with fail points armed.
+    /// Starts student-svc again (on a fresh port, behind the same address), optionally
+    /// with fail points armed.
     pub async fn restart_student(&mut self, failpoints: Option<&str>) {
+        self.student_proxy.clear_backend();
         let _ = self.student.kill();
-        let args = student_args(&self.dbs, &self.student_addr.to_string());
-        self.student = spawn(
+        self.student = start_service(
             &self.dbs,
             &self.log_filter,
             "student-svc",
-            &args,
+            &self.student_proxy,
             failpoints,
-        );
-        self.student
-            .listening_addr(START_TIMEOUT)
-            .expect("student-svc listens again");
-        wait_until_serving(
-            self.student_addr,
-            "student.v1.StudentService",
-            START_TIMEOUT,
+            &[],
         )
-        .await
-        .expect("student-svc healthy");
+        .await;
     }
 
     /// Waits for student-svc to die at an armed `abort` fail point.
@@ -253,17 +265,26 @@ impl Stack {
             .wait_timeout(START_TIMEOUT)
             .expect("wait")
             .expect("student-svc aborts");
+        self.student_proxy.clear_backend();
         assert_aborted("student-svc", status);
     }
 
-    /// Runs a one-shot relay command (`replay …`, `status`, `retry-failed …`) to completion.
+    /// Runs a one-shot relay command (`replay …`, `status`, `retry-failed …`) to completion,
+    /// in a clean environment.
     pub fn relay_command(&self, args: &[&str]) -> Output {
+        self.relay_command_with(args, &[])
+    }
+
+    /// Like [`Stack::relay_command`], with extra environment variables.
+    pub fn relay_command_with(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
         let mut command = std::process::Command::new(binaries().join("relay"));
         command
+            .env_clear()
             .args(args)
             .env("STUDENT_DATABASE_URL", &self.dbs.student_url)
             .env("USERS_URL", format!("http://{}", self.users_addr))
-            .env("RUST_LOG", &self.log_filter);
+            .env("RUST_LOG", &self.log_filter)
+            .envs(envs.iter().copied());
         command.output().expect("run relay command")
     }
 
@@ -315,21 +336,60 @@ impl Stack {
             .expect("outbox")
     }
 
-    /// Every log the processes wrote so far (all three files).
+    /// Every log the processes wrote so far (every file).
     pub fn all_logs(&self) -> String {
-        ["users-svc", "student-svc", "relay"]
+        let mut names = vec!["users-svc.log".to_owned(), "student-svc.log".to_owned()];
+        names.extend((0..self.relays_started).map(|n| format!("relay-{n}.log")));
+        names
             .iter()
-            .map(|name| {
-                std::fs::read_to_string(self.dbs.dir.path().join(format!("{name}.log")))
-                    .unwrap_or_default()
-            })
+            .map(|name| std::fs::read_to_string(self.dbs.dir.path().join(name)).unwrap_or_default())
             .collect::<Vec<_>>()
             .join("\n")
     }
 
-    /// The relays' log so far.
+    /// What every relay logged so far, relay by relay.
     pub fn relay_log(&self) -> String {
-        std::fs::read_to_string(self.dbs.dir.path().join("relay.log")).unwrap_or_default()
+        (0..self.relays_started)
+            .map(|n| self.log_of(&format!("relay-{n}")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// What relay number `n` (in start order, from 0) logged so far.
+    pub fn relay_log_of(&self, n: usize) -> String {
+        self.log_of(&format!("relay-{n}"))
+    }
+
+    /// What `name` (`users-svc`, `student-svc`, `relay-N`) logged so far.
+    pub fn log_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dbs.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Waits until the log of `name` holds `count` lines containing `needle` (log lines
+    /// reach the file a moment after what they describe reached the database).
+    pub async fn wait_for_log_lines(&self, name: &str, needle: &str, count: usize) -> String {
+        super::eventually(
+            &format!("{count} lines with {needle:?} in {name}.log"),
+            LINK_DEADLINE,
+            || async {
+                let log = self.log_of(name);
+                (log.lines().filter(|line| line.contains(needle)).count() >= count).then_some(log)
+            },
+        )
+        .await
+    }
+
+    /// Waits until the relays' logs together hold `count` lines containing `needle`.
+    pub async fn wait_for_relay_log_lines(&self, needle: &str, count: usize) -> String {
+        super::eventually(
+            &format!("{count} relay log lines with {needle:?}"),
+            LINK_DEADLINE,
+            || async {
+                let log = self.relay_log();
+                (log.lines().filter(|line| line.contains(needle)).count() >= count).then_some(log)
+            },
+        )
+        .await
     }
 }
 
@@ -337,7 +397,11 @@ impl Drop for Stack {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // Show what the processes logged: the test harness prints it with the failure.
-            for name in ["users-svc", "student-svc", "relay"] {
+            let relays = (0..self.relays_started).map(|n| format!("relay-{n}"));
+            for name in ["users-svc".to_owned(), "student-svc".to_owned()]
+                .into_iter()
+                .chain(relays)
+            {
                 let log = self.dbs.dir.path().join(format!("{name}.log"));
                 if let Ok(text) = std::fs::read_to_string(&log) {
                     let tail: Vec<&str> = text.lines().rev().take(40).collect();
@@ -359,21 +423,45 @@ fn assert_aborted(name: &str, status: ExitStatus) {
     );
 }
 
-fn users_args(dbs: &TestDatabases, listen: &str) -> Vec<String> {
-    ["--listen", listen, "--database-url", &dbs.users_url]
+/// Starts `users-svc` or `student-svc` on a fresh port, waits until it is healthy, and
+/// points `proxy` at it.
+async fn start_service(
+    dbs: &TestDatabases,
+    log_filter: &str,
+    name: &str,
+    proxy: &Proxy,
+    failpoints: Option<&str>,
+    extra: &[&str],
+) -> Process {
+    let url = if name == "users-svc" {
+        &dbs.users_url
+    } else {
+        &dbs.student_url
+    };
+    let mut args: Vec<String> = ["--listen", "127.0.0.1:0", "--database-url", url]
         .map(str::to_owned)
-        .to_vec()
-}
-
-fn student_args(dbs: &TestDatabases, listen: &str) -> Vec<String> {
-    ["--listen", listen, "--database-url", &dbs.student_url]
-        .map(str::to_owned)
-        .to_vec()
+        .to_vec();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let mut process = spawn(dbs, log_filter, name, name, &args, failpoints);
+    let addr = process
+        .listening_addr(START_TIMEOUT)
+        .unwrap_or_else(|err| panic!("{name} listens: {err:#}"));
+    let service = if name == "users-svc" {
+        "users.v1.UsersService"
+    } else {
+        "student.v1.StudentService"
+    };
+    wait_until_serving(addr, service, START_TIMEOUT)
+        .await
+        .unwrap_or_else(|err| panic!("{name} healthy: {err:#}"));
+    proxy.set_backend(addr, process.pid());
+    process
 }
 
 fn spawn_relay(
     dbs: &TestDatabases,
     log_filter: &str,
+    number: usize,
     users_addr: SocketAddr,
     failpoints: Option<&str>,
     extra: &[&str],
@@ -389,13 +477,17 @@ fn spawn_relay(
     .map(str::to_owned)
     .to_vec();
     args.extend(RELAY_TUNING.iter().chain(extra).map(|a| (*a).to_owned()));
-    spawn(dbs, log_filter, "relay", &args, failpoints)
+    let log_name = format!("relay-{number}");
+    spawn(dbs, log_filter, "relay", &log_name, &args, failpoints)
 }
 
+/// Starts `binary` in a clean environment (nothing the developer exported leaks in),
+/// logging to `<log_name>.log` in the test's directory.
 fn spawn(
     dbs: &TestDatabases,
     log_filter: &str,
-    name: &str,
+    binary: &str,
+    log_name: &str,
     args: &[String],
     failpoints: Option<&str>,
 ) -> Process {
@@ -403,11 +495,11 @@ fn spawn(
     if let Some(failpoints) = failpoints {
         envs.push(("FAILPOINTS".to_owned(), failpoints.to_owned()));
     }
-    Process::spawn(
-        &binaries().join(name),
+    Process::spawn_isolated(
+        &binaries().join(binary),
         args,
         &envs,
-        &dbs.dir.path().join(format!("{name}.log")),
+        &dbs.dir.path().join(format!("{log_name}.log")),
     )
-    .unwrap_or_else(|err| panic!("start {name}: {err:#}"))
+    .unwrap_or_else(|err| panic!("start {binary}: {err:#}"))
 }

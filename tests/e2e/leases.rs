@@ -1,0 +1,123 @@
+//! A send never starts after its lease could run out: with a slow Users and several relays,
+//! no row is sent by two relays and no attempt is burned on a lease that ran out.
+
+use std::{collections::HashMap, time::Duration};
+
+use platform::failpoint::points;
+use student_svc::entity::outbox::OutboxStatus;
+
+use crate::{
+    on_both_backends,
+    support::{
+        Backend, eventually,
+        invariants::assert_each_student_linked_exactly_once,
+        stack::{LINK_DEADLINE, Stack},
+    },
+};
+
+on_both_backends!(
+    slow_users_and_three_relays_spend_one_attempt_per_send,
+    a_relay_stalled_past_its_lease_releases_its_rows_instead_of_sending_them_late,
+);
+
+/// Failed sends per outbox row, from the relays' "delivery failed, will retry" lines.
+fn failed_sends(relay_log: &str) -> HashMap<i64, i32> {
+    let mut failed = HashMap::new();
+    for line in relay_log
+        .lines()
+        .filter(|line| line.contains("delivery failed, will retry"))
+    {
+        let id = line
+            .split_whitespace()
+            .find_map(|field| field.strip_prefix("outbox_id="))
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_else(|| panic!("no outbox_id in {line}"));
+        *failed.entry(id).or_default() += 1;
+    }
+    failed
+}
+
+async fn slow_users_and_three_relays_spend_one_attempt_per_send(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    // Every call takes 400 ms, holding no lock. One relay claiming 48 rows with 4 call
+    // slots would still be sending the last of them 4.8 s later, long after a 3 s lease.
+    stack
+        .restart_users(Some(&format!("{}=sleep(400)", points::USERS_ON_REQUEST)))
+        .await;
+    let students = 48;
+    stack.create_students(0..students).await;
+    let tuning = [
+        "--batch-size",
+        "64",
+        "--concurrency",
+        "4",
+        "--lease",
+        "3s",
+        "--call-timeout",
+        "2s",
+    ];
+    for _ in 0..3 {
+        stack.start_relay(None, &tuning);
+    }
+    stack.wait_until_all_linked(students as u64).await;
+    stack.stop_relays(Duration::from_secs(15));
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, students).await;
+
+    // Each attempt is a claim; a row needs one more send than it had failed sends. A row
+    // claimed while it waited for a call slot would show a second attempt with no failure.
+    let failed = failed_sends(&stack.relay_log());
+    for row in stack.outbox_rows().await {
+        let needed = 1 + failed.get(&row.id).copied().unwrap_or(0);
+        assert_eq!(
+            row.attempts, needed,
+            "row {} used {} attempts for {needed} sends",
+            row.id, row.attempts
+        );
+    }
+    let users = stack.log_of("users-svc");
+    assert_eq!(
+        users.matches("answered from the inbox").count(),
+        0,
+        "no key reached Users twice"
+    );
+}
+
+async fn a_relay_stalled_past_its_lease_releases_its_rows_instead_of_sending_them_late(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack.create_students(0..4).await;
+    // Relay A (relay-1) claims the rows under a 2 s lease, then stalls for 2.5 s.
+    stack.start_relay(
+        Some(&format!("{}=1*sleep(2500)", points::RELAY_AFTER_CLAIM)),
+        &[],
+    );
+    eventually("relay A to claim every row", LINK_DEADLINE, || async {
+        let rows = stack.outbox_rows().await;
+        rows.iter()
+            .all(|row| row.status == OutboxStatus::Processing)
+            .then_some(())
+    })
+    .await;
+    // Relay B (relay-2) takes the rows once A's lease has run out, and delivers them.
+    stack.start_relay(None, &[]);
+    stack.wait_until_all_linked(4).await;
+    // A wakes with too little lease left to send anything: it releases instead.
+    stack
+        .wait_for_log_lines("relay-1", "lease too short to send", 4)
+        .await;
+    stack.stop_relays(Duration::from_secs(15));
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    let users = stack.log_of("users-svc");
+    assert_eq!(
+        users.matches("answered from the inbox").count(),
+        0,
+        "A never sent a row B was sending: no key reached Users twice"
+    );
+}
