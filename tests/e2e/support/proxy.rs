@@ -84,7 +84,9 @@ async fn forward(listener: TcpListener, backend: Arc<Mutex<Option<Backend>>>) {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         tokio::spawn(async move {
             let Some(target) = target.filter(|backend| is_running(backend.pid)) else {
-                // Dropping the connection closes it: the caller sees the service as down.
+                // Reset at once, as a host with nothing listening would: the caller sees the
+                // connection refused, the service down.
+                let _ = client.set_linger(Some(std::time::Duration::ZERO));
                 return;
             };
             let _ = client.set_nodelay(true);
