@@ -86,7 +86,7 @@ async fn forward(listener: TcpListener, backend: Arc<Mutex<Option<Backend>>>) {
             let Some(target) = target.filter(|backend| is_running(backend.pid)) else {
                 // Reset at once, as a host with nothing listening would: the caller sees the
                 // connection refused, the service down.
-                let _ = client.set_linger(Some(std::time::Duration::ZERO));
+                let _ = client.set_zero_linger();
                 return;
             };
             let _ = client.set_nodelay(true);
