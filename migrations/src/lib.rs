@@ -3,6 +3,7 @@
 //! `inbox`). Each service applies its own migrator on start-up with [`apply`]; the relay
 //! only waits for the Student schema with [`is_current`].
 
+use anyhow::Context as _;
 use sea_orm_migration::{
     MigratorTrait,
     sea_orm::{
@@ -34,6 +35,35 @@ pub async fn apply<M: MigratorTrait>(db: &DatabaseConnection, lock_id: i64) -> R
     }
     M::up(&txn, None).await?;
     txn.commit().await
+}
+
+/// A database schema a service owns: its migrator, a name for messages, and the lock its
+/// migrations run under.
+pub trait Schema: MigratorTrait {
+    /// `Student` or `Users`, as in "the Student DB".
+    const NAME: &'static str;
+    /// The PostgreSQL advisory lock id its migrations run under.
+    const LOCK_ID: i64;
+}
+
+impl Schema for student::Migrator {
+    const NAME: &'static str = "Student";
+    const LOCK_ID: i64 = STUDENT_LOCK_ID;
+}
+
+impl Schema for users::Migrator {
+    const NAME: &'static str = "Users";
+    const LOCK_ID: i64 = USERS_LOCK_ID;
+}
+
+/// Opens a service's database and brings its schema `S` up to date: how both services
+/// start.
+pub async fn open<S: Schema>(url: &str) -> anyhow::Result<DatabaseConnection> {
+    let db = platform::db::connect(url).await?;
+    apply::<S>(&db, S::LOCK_ID)
+        .await
+        .with_context(|| format!("cannot migrate the {} DB", S::NAME))?;
+    Ok(db)
 }
 
 /// Tells whether every migration of `M` has been applied, without writing anything.

@@ -40,6 +40,23 @@ pub struct ServerOptions {
 }
 
 impl ServerOptions {
+    /// The options a service's flags ask for: its limits, and TLS when given a certificate
+    /// and key (read here).
+    pub fn from_flags(
+        request_timeout: Duration,
+        max_concurrent_requests: usize,
+        tls_cert: Option<&Path>,
+        tls_key: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            limits: Limits {
+                request_timeout,
+                max_concurrent_requests,
+            },
+            tls: Self::load_tls(tls_cert, tls_key)?,
+        })
+    }
+
     /// Reads a PEM certificate chain and key; both or neither must be given.
     pub fn load_tls(cert: Option<&Path>, key: Option<&Path>) -> anyhow::Result<Option<Identity>> {
         match (cert, key) {

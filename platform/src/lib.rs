@@ -12,4 +12,5 @@ pub mod redact;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
+pub mod timestamp;
 pub mod validate;

@@ -44,6 +44,25 @@ pub fn internal() -> Status {
     Status::internal("internal error")
 }
 
+/// Logs `cause` with its whole chain of sources, then returns a bare INTERNAL: the caller
+/// learns that it is a bug, never the SQL or data the cause may quote.
+pub fn internal_error(cause: &(dyn std::error::Error + 'static)) -> Status {
+    tracing::error!(error = %chain(cause), "internal error");
+    internal()
+}
+
+/// `cause: its source: its source's source …`.
+fn chain(cause: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = cause.to_string();
+    let mut source = cause.source();
+    while let Some(next) = source {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        source = next.source();
+    }
+    text
+}
+
 /// The `ErrorInfo` reason of `status`, if it carries one.
 pub fn reason(status: &Status) -> Option<String> {
     status.get_details_error_info().map(|info| info.reason)
@@ -79,6 +98,20 @@ mod tests {
         let info = status.get_details_error_info().expect("ErrorInfo");
         assert_eq!(info.domain, "users.v1");
         assert_eq!(reason(&Status::internal("x")), None);
+    }
+
+    #[test]
+    fn the_logged_chain_holds_every_source() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot save the user")]
+        struct Outer(#[source] std::io::Error);
+        let cause = Outer(std::io::Error::other("disk full"));
+        assert_eq!(chain(&cause), "cannot save the user: disk full");
+        let status = internal_error(&cause);
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::Internal, "internal error")
+        );
     }
 
     #[test]

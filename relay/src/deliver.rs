@@ -6,7 +6,11 @@ use std::time::Instant;
 use futures::StreamExt as _;
 use platform::failpoint::{self, points};
 use sea_orm::DatabaseConnection;
-use student_svc::entity::outbox::{self, CreateUserPayload, FailureKind};
+use student_store::{
+    effect::Effect,
+    entity::outbox::{self as outbox_row, FailureKind},
+    outbox::{self, Problem, RecordError},
+};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -14,7 +18,6 @@ use crate::{
     RunConfig,
     backoff::{exponential_ceiling, retry_delay},
     classify::{Failure, classify, code_name},
-    store::{self, RecordError},
     users_client::UsersClient,
     wakeup::Wakeup,
 };
@@ -82,7 +85,7 @@ impl Relay {
         // later than the one the database records.
         let lease_ends = Instant::now() + self.config.lease;
         let rows =
-            store::claim_batch(&self.db, &self.id, self.claim_size(), self.config.lease).await?;
+            outbox::claim_batch(&self.db, &self.id, self.claim_size(), self.config.lease).await?;
         let mut outcome = BatchOutcome {
             claimed: rows.len(),
             ..BatchOutcome::default()
@@ -128,7 +131,7 @@ impl Relay {
         }
         if !unsent.is_empty() {
             outcome.released =
-                usize::try_from(store::release(&self.db, &unsent, &self.id).await?).unwrap_or(0);
+                usize::try_from(outbox::release(&self.db, &unsent, &self.id).await?).unwrap_or(0);
             tracing::info!(
                 released = outcome.released,
                 "released unsent rows for other relays"
@@ -181,42 +184,38 @@ impl Relay {
         tracing::info!(relay = %self.id, "relay stopped");
     }
 
-    async fn deliver(&self, row: outbox::Model) -> anyhow::Result<Delivery> {
-        let payload: CreateUserPayload = match serde_json::from_value(row.payload.clone()) {
-            Ok(payload) => payload,
+    async fn deliver(&self, row: outbox_row::Model) -> anyhow::Result<Delivery> {
+        let effect = match Effect::decode(&row.effect_type, &row.payload) {
+            Ok(effect) => effect,
             Err(err) => {
-                // No attempt can ever send this row: fail it visibly instead of looping. The
-                // decode error is not logged: it may quote the payload's personal data.
-                tracing::error!(
-                    outbox_id = row.id,
-                    line = err.line(),
-                    column = err.column(),
-                    "unreadable outbox payload"
-                );
-                let reason = "UNREADABLE_PAYLOAD: the stored payload cannot be decoded";
-                return self.fail(&row, FailureKind::Rejected, reason).await;
+                // No attempt can ever send this row: fail it visibly instead of looping, and
+                // hold back no other row.
+                tracing::error!(outbox_id = row.id, effect = %row.effect_type, error = %err, "undeliverable outbox row");
+                let problem = Problem::new(err.code(), err.to_string());
+                return self.fail(&row, FailureKind::Rejected, &problem).await;
             }
         };
-        let answer = self
-            .users
-            .create_user(&row.idempotency_key, &payload, false)
-            .await;
-        let created = match answer {
-            Ok(created) => created,
+        // One arm per effect: the Users call that carries it, under the row's stored key.
+        let answer = match &effect {
+            Effect::CreateUser(payload) => {
+                self.users
+                    .create_user(&row.idempotency_key, payload, false)
+                    .await
+            }
+        };
+        let answer = match answer {
+            Ok(answer) => answer,
             Err(status) => return self.record_error(&row, &status).await,
         };
-        let Ok(user_id) = Uuid::try_parse(&created.user_id) else {
-            let status = tonic::Status::internal("Users returned a malformed user_id");
-            return self.record_error(&row, &status).await;
-        };
         failpoint::hit(points::RELAY_BEFORE_FINALIZE).await;
-        match store::record_delivery(&self.db, &row, &self.id, user_id).await {
+        match outbox::record_delivery(&self.db, &row, &self.id, answer.user_id).await {
             Ok(()) => {
                 tracing::info!(
                     outbox_id = row.id,
+                    effect = effect.effect_type(),
                     student_id = %row.aggregate_id,
-                    %user_id,
-                    from_inbox = created.from_inbox,
+                    user_id = %answer.user_id,
+                    from_inbox = answer.from_inbox,
                     attempts = row.attempts,
                     relay = %self.id,
                     "delivered and linked"
@@ -225,7 +224,7 @@ impl Relay {
             }
             Err(RecordError::ClaimLost(_)) => {
                 // Another relay took the row after this one's lease ran out (it gets the
-                // same user id from Users' inbox), or the row was failed or re-keyed.
+                // same answer from Users' inbox), or the row was failed or re-keyed.
                 tracing::warn!(
                     outbox_id = row.id,
                     student_id = %row.aggregate_id,
@@ -236,12 +235,12 @@ impl Relay {
             }
             Err(err @ (RecordError::LinkConflict { .. } | RecordError::StudentMissing(_))) => {
                 tracing::error!(outbox_id = row.id, error = %err, "cannot link the user");
-                let reason = match err {
+                let code = match err {
                     RecordError::StudentMissing(_) => "STUDENT_MISSING",
                     _ => "LINK_CONFLICT",
                 };
-                self.fail(&row, FailureKind::Rejected, &format!("{reason}: {err}"))
-                    .await
+                let problem = Problem::new(code, err.to_string());
+                self.fail(&row, FailureKind::Rejected, &problem).await
             }
             Err(RecordError::Db(err)) => Err(err.into()),
         }
@@ -250,18 +249,18 @@ impl Relay {
     /// Marks `row` failed, if this relay still holds it.
     async fn fail(
         &self,
-        row: &outbox::Model,
+        row: &outbox_row::Model,
         kind: FailureKind,
-        error: &str,
+        problem: &Problem,
     ) -> anyhow::Result<Delivery> {
-        if store::record_failure(&self.db, row, &self.id, kind, error).await? {
+        if outbox::record_failure(&self.db, row, &self.id, kind, problem).await? {
             Ok(Delivery::Failed)
         } else {
             Ok(self.superseded(row))
         }
     }
 
-    fn superseded(&self, row: &outbox::Model) -> Delivery {
+    fn superseded(&self, row: &outbox_row::Model) -> Delivery {
         tracing::warn!(
             outbox_id = row.id,
             relay = %self.id,
@@ -272,19 +271,21 @@ impl Relay {
 
     async fn record_error(
         &self,
-        row: &outbox::Model,
+        row: &outbox_row::Model,
         status: &tonic::Status,
     ) -> anyhow::Result<Delivery> {
         let code = code_name(status.code());
-        // A reason and a readable message, never transport internals: the `ErrorInfo`
-        // reason when Users gave one (`DOCUMENT_NUMBER_TAKEN: …`), else the code.
-        let reason = platform::status::reason(status).unwrap_or_else(|| code.to_owned());
-        let error = format!("{reason}: {}", status.message());
+        // A stable reason and a readable message, never transport internals: the
+        // `ErrorInfo` reason when Users gave one (`DOCUMENT_NUMBER_TAKEN`), else the code.
+        let problem = Problem::new(
+            platform::status::reason(status).unwrap_or_else(|| code.to_owned()),
+            status.message(),
+        );
         let attempts = u32::try_from(row.attempts).unwrap_or(0);
         match classify(status) {
             Failure::Permanent => {
                 tracing::warn!(outbox_id = row.id, student_id = %row.aggregate_id, code, "rejected by Users, marked failed");
-                self.fail(row, FailureKind::Rejected, &error).await
+                self.fail(row, FailureKind::Rejected, &problem).await
             }
             Failure::Transient if attempts >= self.config.max_attempts => {
                 tracing::error!(
@@ -293,14 +294,13 @@ impl Relay {
                     code,
                     "attempts exhausted, marked failed"
                 );
-                let error = format!("EXHAUSTED after {attempts} attempts, last {error}");
-                self.fail(row, FailureKind::Exhausted, &error).await
+                self.fail(row, FailureKind::Exhausted, &problem).await
             }
             Failure::Transient => {
                 let delay =
                     retry_delay(attempts, self.config.backoff_base, self.config.backoff_max);
                 tracing::warn!(outbox_id = row.id, attempts, code, retry_in = ?delay, "delivery failed, will retry");
-                if store::record_retry(&self.db, row, &self.id, &error, delay).await? {
+                if outbox::record_retry(&self.db, row, &self.id, &problem, delay).await? {
                     Ok(Delivery::Retried)
                 } else {
                     Ok(self.superseded(row))

@@ -3,24 +3,20 @@
 //! user that is linked. Users can never create anything from a replay, and nothing is
 //! written to the Student DB.
 
-use std::{collections::HashMap, io::Write};
+use std::io::Write;
 
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
-use student_svc::entity::{
-    outbox::{self, CREATE_USER, CreateUserPayload, OutboxStatus},
-    students,
+use sea_orm::DatabaseConnection;
+pub use student_store::outbox::DoneRows as Selection;
+use student_store::{
+    effect::Effect,
+    entity::outbox as outbox_row,
+    outbox::{self, DoneRows},
 };
-use uuid::Uuid;
 
-use crate::{classify::code_name, users_client::UsersClient};
-
-/// Which delivered rows to replay.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Selection {
-    Student(Uuid),
-    Key(String),
-    All,
-}
+use crate::{
+    classify::code_name,
+    users_client::{Answer, UsersClient},
+};
 
 /// Totals of a replay run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -51,18 +47,9 @@ pub async fn replay(
     selection: &Selection,
     out: &mut impl Write,
 ) -> anyhow::Result<ReplaySummary> {
-    let mut query = outbox::Entity::find()
-        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
-        .filter(outbox::Column::EffectType.eq(CREATE_USER))
-        .order_by_asc(outbox::Column::Id);
-    query = match selection {
-        Selection::Student(id) => query.filter(outbox::Column::AggregateId.eq(*id)),
-        Selection::Key(key) => query.filter(outbox::Column::IdempotencyKey.eq(key.as_str())),
-        Selection::All => query,
-    };
-    let rows = query.all(db).await?;
+    let rows = outbox::done_rows(db, selection).await?;
     let mut summary = ReplaySummary::default();
-    if rows.is_empty() && *selection != Selection::All {
+    if rows.is_empty() && *selection != DoneRows::All {
         writeln!(
             out,
             "no delivered outbox row matches {}",
@@ -70,20 +57,13 @@ pub async fn replay(
         )?;
         summary.errors += 1;
     }
-    let links = linked_users(db, &rows).await?;
+    let links = outbox::linked_users(db, &rows).await?;
     for row in rows {
         summary.replayed += 1;
         let linked = links.get(&row.aggregate_id).copied();
-        let answer = match serde_json::from_value::<CreateUserPayload>(row.payload.clone()) {
-            Ok(payload) => users
-                .create_user(&row.idempotency_key, &payload, true)
-                .await
-                .map_err(|status| format!("{}: {}", code_name(status.code()), status.message())),
-            Err(err) => Err(format!("unreadable payload: {err}")),
-        };
-        match answer {
+        match replay_one(users, &row).await {
             Ok(created) => {
-                let matches_link = linked.is_some_and(|id| id.to_string() == created.user_id);
+                let matches_link = linked == Some(created.user_id);
                 writeln!(
                     out,
                     "key={} student={} user={} from_inbox={} matches_link={}",
@@ -117,33 +97,21 @@ pub async fn replay(
     Ok(summary)
 }
 
-/// The user each row's student is linked to, read in a few queries rather than one per row.
-async fn linked_users(
-    db: &DatabaseConnection,
-    rows: &[outbox::Model],
-) -> anyhow::Result<HashMap<Uuid, Uuid>> {
-    // Chunks stay far below every backend's limit on bound parameters.
-    const CHUNK: usize = 1_000;
-    let mut links = HashMap::with_capacity(rows.len());
-    for chunk in rows.chunks(CHUNK) {
-        let students = students::Entity::find()
-            .filter(students::Column::Id.is_in(chunk.iter().map(|row| row.aggregate_id)))
-            .all(db)
-            .await?;
-        links.extend(
-            students
-                .into_iter()
-                .filter_map(|s| Some((s.id, s.user_id?))),
-        );
-    }
-    Ok(links)
+/// Sends one row's stored intent again, replay-only: Users answers from its inbox or with
+/// NOT_FOUND, and never executes.
+async fn replay_one(users: &UsersClient, row: &outbox_row::Model) -> Result<Answer, String> {
+    let effect = Effect::decode(&row.effect_type, &row.payload).map_err(|err| err.to_string())?;
+    let answer = match &effect {
+        Effect::CreateUser(payload) => users.create_user(&row.idempotency_key, payload, true).await,
+    };
+    answer.map_err(|status| format!("{}: {}", code_name(status.code()), status.message()))
 }
 
 fn describe(selection: &Selection) -> String {
     match selection {
-        Selection::Student(id) => format!("--student {id}"),
-        Selection::Key(key) => format!("--key {key}"),
-        Selection::All => "--all".to_owned(),
+        DoneRows::Student(id) => format!("--student {id}"),
+        DoneRows::Key(key) => format!("--key {key}"),
+        DoneRows::All => "--all".to_owned(),
     }
 }
 

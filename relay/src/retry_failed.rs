@@ -19,14 +19,17 @@
 
 use std::io::Write;
 
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
-use student_svc::entity::outbox::{self, CreateUserPayload, FailureKind, OutboxStatus};
+use sea_orm::DatabaseConnection;
+use student_store::{
+    effect::Effect,
+    entity::outbox::{self as outbox_row, FailureKind},
+    outbox::{self, RecordError},
+};
 use tonic::Code;
 use uuid::Uuid;
 
 use crate::{
     classify::code_name,
-    store::{self, RecordError},
     users_client::{UsersClient, was_replayed},
 };
 
@@ -80,13 +83,11 @@ pub async fn retry_failed(
     new_key: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<RetrySummary> {
-    let mut query = outbox::Entity::find()
-        .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
-        .order_by_asc(outbox::Column::Id);
-    if let Selection::Id(id) = selection {
-        query = query.filter(outbox::Column::Id.eq(id));
-    }
-    let rows = query.all(db).await?;
+    let id = match selection {
+        Selection::Id(id) => Some(id),
+        Selection::All => None,
+    };
+    let rows = outbox::failed_rows(db, id).await?;
     let mut summary = RetrySummary::default();
     if let (Selection::Id(id), true) = (selection, rows.is_empty()) {
         writeln!(out, "no failed outbox row has id {id}")?;
@@ -105,7 +106,7 @@ pub async fn retry_failed(
                 continue;
             }
             // The same operation tried again: safe whatever Users did with the key.
-            if store::redrive(db, &row, &row.idempotency_key).await? {
+            if outbox::redrive(db, &row, &row.idempotency_key).await? {
                 writeln!(out, "{line} requeued")?;
                 summary.requeued += 1;
             } else {
@@ -120,7 +121,7 @@ pub async fn retry_failed(
                 summary.errors += 1;
             }
             Ok(OldKey::Created(user_id)) => {
-                match store::record_found_in_inbox(db, &row, user_id).await {
+                match outbox::record_found_in_inbox(db, &row, user_id).await {
                     Ok(()) => {
                         writeln!(
                             out,
@@ -140,7 +141,7 @@ pub async fn retry_failed(
             }
             Ok(OldKey::NotExecuted | OldKey::Rejected) => {
                 let fresh = Uuid::new_v4().to_string();
-                if store::redrive(db, &row, &fresh).await? {
+                if outbox::redrive(db, &row, &fresh).await? {
                     writeln!(
                         out,
                         "id={} key={fresh} requeued (new key; was {})",
@@ -162,19 +163,15 @@ pub async fn retry_failed(
     Ok(summary)
 }
 
-/// Asks Users, replay-only (it can never create), what the row's key got.
-async fn ask_about_old_key(users: &UsersClient, row: &outbox::Model) -> Result<OldKey, String> {
-    let payload: CreateUserPayload = serde_json::from_value(row.payload.clone()).map_err(|_| {
-        "the stored payload cannot be decoded, so Users cannot be asked about the old key"
-            .to_owned()
-    })?;
-    match users
-        .create_user(&row.idempotency_key, &payload, true)
-        .await
-    {
-        Ok(created) => Uuid::try_parse(&created.user_id)
-            .map(OldKey::Created)
-            .map_err(|_| "Users returned a malformed user_id".to_owned()),
+/// Asks Users, replay-only (it can never execute), what the row's key got.
+async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Result<OldKey, String> {
+    let effect = Effect::decode(&row.effect_type, &row.payload)
+        .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
+    let answer = match &effect {
+        Effect::CreateUser(payload) => users.create_user(&row.idempotency_key, payload, true).await,
+    };
+    match answer {
+        Ok(answer) => Ok(OldKey::Created(answer.user_id)),
         Err(status)
             if status.code() == Code::NotFound
                 && platform::status::reason(&status).as_deref() == Some("NOT_IN_INBOX") =>

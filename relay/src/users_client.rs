@@ -7,12 +7,13 @@ use proto::users::v1::{
     CreateUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
     users_service_client::UsersServiceClient,
 };
-use student_svc::entity::outbox::CreateUserPayload;
+use student_store::effect::CreateUserPayload;
 use tonic::{
     Request, Status,
     metadata::{Ascii, MetadataValue},
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
 };
+use uuid::Uuid;
 
 /// A client of the Users service with a deadline on every call.
 #[derive(Clone)]
@@ -22,10 +23,11 @@ pub struct UsersClient {
     authorization: Option<MetadataValue<Ascii>>,
 }
 
-/// What Users answered to a CreateUser.
+/// What Users answered to an effect's call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreatedUser {
-    pub user_id: String,
+pub struct Answer {
+    /// The user the effect created or changed.
+    pub user_id: Uuid,
     /// True when Users answered from its inbox (`idempotent-replayed: true`).
     pub from_inbox: bool,
 }
@@ -109,8 +111,8 @@ impl UsersClient {
         key: &str,
         payload: &CreateUserPayload,
         replay_only: bool,
-    ) -> Result<CreatedUser, Status> {
-        let mut request = Request::new(CreateUserRequest {
+    ) -> Result<Answer, Status> {
+        let request = Request::new(CreateUserRequest {
             idempotency_key: key.to_owned(),
             email: payload.email.clone(),
             first_name: payload.first_name.clone(),
@@ -118,6 +120,31 @@ impl UsersClient {
             document_number: payload.document_number.clone(),
             student_id: payload.student_id.to_string(),
         });
+        let response = self
+            .send(request, replay_only, |mut client, request| async move {
+                client.create_user(request).await
+            })
+            .await?;
+        let from_inbox = was_replayed_response(response.metadata());
+        Ok(Answer {
+            user_id: parse_user_id(&response.into_inner().user_id)?,
+            from_inbox,
+        })
+    }
+
+    /// Sends `request` with the token, the replay-only marker if asked, and the call's
+    /// deadline, which travels with it (grpc-timeout) so Users stops working on an answer
+    /// nobody waits for, and bounds the wait here.
+    async fn send<T, R, F, Fut>(
+        &self,
+        mut request: Request<T>,
+        replay_only: bool,
+        call: F,
+    ) -> Result<tonic::Response<R>, Status>
+    where
+        F: FnOnce(UsersServiceClient<Channel>, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
+    {
         if let Some(authorization) = &self.authorization {
             request
                 .metadata_mut()
@@ -128,35 +155,31 @@ impl UsersClient {
                 .metadata_mut()
                 .insert(REPLAY_ONLY_HEADER, MetadataValue::from_static("true"));
         }
-        // The deadline travels with the call (grpc-timeout), so Users stops working on an
-        // answer nobody waits for, and bounds the wait here.
         request.set_timeout(self.call_timeout);
-        let mut client = self.inner.clone();
-        let call = client.create_user(request);
-        let response = tokio::time::timeout(self.call_timeout, call)
+        tokio::time::timeout(self.call_timeout, call(self.inner.clone(), request))
             .await
             .map_err(|_| {
                 Status::deadline_exceeded(format!(
                     "Users did not answer within {:?}",
                     self.call_timeout
                 ))
-            })??;
-        let from_inbox = response
-            .metadata()
-            .get(REPLAYED_HEADER)
-            .is_some_and(|value| value == "true");
-        Ok(CreatedUser {
-            user_id: response.into_inner().user_id,
-            from_inbox,
-        })
+            })?
     }
+}
+
+/// A user id from Users; anything else is Users' bug, reported as INTERNAL (transient).
+fn parse_user_id(user_id: &str) -> Result<Uuid, Status> {
+    Uuid::try_parse(user_id).map_err(|_| Status::internal("Users returned a malformed user_id"))
+}
+
+fn was_replayed_response(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata
+        .get(REPLAYED_HEADER)
+        .is_some_and(|value| value == "true")
 }
 
 /// Tells whether an error from Users is the saved answer of an earlier execution of the
 /// key (`idempotent-replayed: true`), as opposed to a failure of this call.
 pub fn was_replayed(status: &Status) -> bool {
-    status
-        .metadata()
-        .get(REPLAYED_HEADER)
-        .is_some_and(|value| value == "true")
+    was_replayed_response(status.metadata())
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use sea_orm::sqlx::postgres::PgListener;
-use student_svc::students::OUTBOX_CHANNEL;
+use student_store::OUTBOX_CHANNEL;
 
 /// Waits for the next reason to look for work.
 pub enum Wakeup {

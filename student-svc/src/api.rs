@@ -1,7 +1,6 @@
 //! The gRPC face of the Student service: decode and validate, call a use case, encode.
 
 use platform::validate;
-use prost_types::Timestamp;
 use proto::student::v1::{
     CreateStudentRequest, GetStudentRequest, ListStudentsRequest, ListStudentsResponse, Student,
     UserLinkStatus, student_service_server::StudentService,
@@ -9,12 +8,12 @@ use proto::student::v1::{
 use sea_orm::DatabaseConnection;
 use tonic::{Request, Response, Status};
 
-use crate::{
-    entity::outbox::{self, FailureKind, OutboxStatus},
-    error::Error,
-    new_student::NewStudent,
-    students::{self, StudentView},
+use student_store::{
+    students::StudentView,
+    sync::{LinkState, link_state},
 };
+
+use crate::{error::Error, new_student::NewStudent, students};
 
 /// Page size when the caller asks for none.
 const DEFAULT_PAGE_SIZE: u64 = 50;
@@ -84,32 +83,16 @@ impl StudentService for StudentApi {
     }
 }
 
-/// Why the user link failed, for the student's `link_error`: a reason and a readable
-/// message. A rejection shows Users' own reason and message; running out of attempts
-/// shows a fixed sentence, never the transport error the relay recorded for operators.
-fn link_error(create_user: Option<&outbox::Model>) -> String {
-    match create_user {
-        Some(row) if row.failure_kind == Some(FailureKind::Exhausted) => {
-            "USERS_UNREACHABLE: the login user could not be created; an operator can redrive it"
-                .to_owned()
-        }
-        Some(row) => row.last_error.clone().unwrap_or_default(),
-        None => String::new(),
-    }
-}
-
 fn encode(view: StudentView) -> Student {
     let StudentView {
         student,
         create_user,
     } = view;
-    let (status, link_error) = match create_user.as_ref().map(|row| row.status) {
-        Some(OutboxStatus::Done) => (UserLinkStatus::Linked, String::new()),
-        Some(OutboxStatus::Failed) => (UserLinkStatus::Failed, link_error(create_user.as_ref())),
-        Some(OutboxStatus::Pending | OutboxStatus::Processing) => {
-            (UserLinkStatus::Pending, String::new())
-        }
-        None => (UserLinkStatus::Unspecified, String::new()),
+    let (status, link_error) = match link_state(create_user.as_ref()) {
+        LinkState::Linked => (UserLinkStatus::Linked, String::new()),
+        LinkState::Pending => (UserLinkStatus::Pending, String::new()),
+        LinkState::Failed(error) => (UserLinkStatus::Failed, error.to_string()),
+        LinkState::Unknown => (UserLinkStatus::Unspecified, String::new()),
     };
     Student {
         id: student.id.to_string(),
@@ -120,9 +103,6 @@ fn encode(view: StudentView) -> Student {
         user_id: student.user_id.map(|id| id.to_string()).unwrap_or_default(),
         user_link_status: status.into(),
         link_error,
-        created_at: Some(Timestamp {
-            seconds: student.created_at.timestamp(),
-            nanos: student.created_at.timestamp_subsec_nanos() as i32,
-        }),
+        created_at: Some(platform::timestamp::to_proto(student.created_at)),
     }
 }

@@ -44,11 +44,8 @@ impl From<Error> for Status {
                 "DOCUMENT_NUMBER_TAKEN",
                 DOMAIN,
             ),
-            Error::Db(cause) => {
-                // The cause goes to the log, never to the caller: it may hold SQL or data.
-                tracing::error!(error = %cause, "database error");
-                status::internal()
-            }
+            // The cause goes to the log, never to the caller: it may hold SQL or data.
+            Error::Db(cause) => status::internal_error(&cause),
         }
     }
 }

@@ -4,15 +4,13 @@
 //! delivers that row later. This service never calls Users itself.
 
 mod api;
-pub mod entity;
 mod error;
 mod new_student;
 pub mod students;
 
 use std::net::SocketAddr;
 
-use anyhow::Context as _;
-use platform::grpc_server::{Limits, ServerOptions, ServiceDefinition};
+use platform::grpc_server::{ServerOptions, ServiceDefinition};
 use proto::student::v1::student_service_server::StudentServiceServer;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
@@ -57,23 +55,18 @@ pub struct Config {
 impl Config {
     /// The server options this configuration asks for (reads the TLS files).
     pub fn server_options(&self) -> anyhow::Result<ServerOptions> {
-        Ok(ServerOptions {
-            limits: Limits {
-                request_timeout: self.request_timeout,
-                max_concurrent_requests: self.max_concurrent_requests,
-            },
-            tls: ServerOptions::load_tls(self.tls_cert.as_deref(), self.tls_key.as_deref())?,
-        })
+        ServerOptions::from_flags(
+            self.request_timeout,
+            self.max_concurrent_requests,
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+        )
     }
 }
 
 /// Opens the Student DB and brings its schema up to date.
 pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
-    let db = platform::db::connect(url).await?;
-    migrations::apply::<migrations::student::Migrator>(&db, migrations::STUDENT_LOCK_ID)
-        .await
-        .context("cannot migrate the Student DB")?;
-    Ok(db)
+    migrations::open::<migrations::student::Migrator>(url).await
 }
 
 /// Serves the Student service on `listener` until `shutdown` is cancelled.

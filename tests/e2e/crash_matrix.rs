@@ -4,7 +4,7 @@
 
 use platform::failpoint::points;
 use proto::student::v1::{CreateStudentRequest, GetStudentRequest, UserLinkStatus};
-use student_svc::entity::outbox::{FailureKind, OutboxStatus};
+use student_store::entity::outbox::{FailureKind, OutboxStatus};
 use tonic::Code;
 
 use crate::{

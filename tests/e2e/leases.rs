@@ -4,7 +4,7 @@
 use std::{collections::HashMap, time::Duration};
 
 use platform::failpoint::points;
-use student_svc::entity::outbox::OutboxStatus;
+use student_store::entity::outbox::OutboxStatus;
 
 use crate::{
     on_both_backends,

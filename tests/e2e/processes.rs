@@ -7,7 +7,7 @@ use devstack::{Process, wait_until_serving};
 use platform::failpoint::points;
 use proto::student::v1::{GetStudentRequest, UserLinkStatus};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
-use student_svc::entity::outbox::{self, OutboxStatus};
+use student_store::entity::outbox::{self, OutboxStatus};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };

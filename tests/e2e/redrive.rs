@@ -6,7 +6,7 @@
 use platform::failpoint::points;
 use proto::student::v1::{GetStudentRequest, UserLinkStatus};
 use sea_orm::{EntityTrait, sea_query::Expr};
-use student_svc::entity::outbox::{self, FailureKind, OutboxStatus};
+use student_store::entity::outbox::{self, FailureKind, OutboxStatus};
 use users_svc::entity::users;
 
 use crate::{

@@ -2,12 +2,13 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use relay::{BatchOutcome, RunConfig, retry_failed, store, wakeup::Wakeup};
+use relay::{BatchOutcome, RunConfig, retry_failed, wakeup::Wakeup};
 use sea_orm::EntityTrait;
-use student_svc::entity::{
+use student_store::entity::{
     outbox::{self, FailureKind, OutboxStatus},
     students,
 };
+use student_store::outbox::{self as store, Problem};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -161,7 +162,7 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
         &app.student_db,
         &first[0],
         "relay-a",
-        "UNAVAILABLE: late",
+        &Problem::new("UNAVAILABLE", "late"),
         Duration::ZERO,
     )
     .await
@@ -171,7 +172,7 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
         &first[0],
         "relay-a",
         FailureKind::Rejected,
-        "late",
+        &Problem::new("LATE", "late"),
     )
     .await
     .expect("fail");
@@ -254,12 +255,10 @@ async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_k
     };
     create_students(&app, 0..1).await;
     let failed = exhaust_the_row(&app).await;
-    assert!(
-        failed
-            .last_error
-            .as_deref()
-            .is_some_and(|e| e.starts_with("EXHAUSTED after 3 attempts, last UNAVAILABLE: ")),
-        "{:?}",
+    assert_eq!(
+        failed.error_code.as_deref(),
+        Some("UNAVAILABLE"),
+        "the last attempt's reason: {:?}",
         failed.last_error
     );
 
@@ -413,14 +412,26 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
     );
     assert!(unlinked(&by_a).await);
     assert!(
-        !store::record_retry(db, &by_a, "relay-a", "late", Duration::ZERO)
-            .await
-            .expect("retry")
+        !store::record_retry(
+            db,
+            &by_a,
+            "relay-a",
+            &Problem::new("LATE", "late"),
+            Duration::ZERO
+        )
+        .await
+        .expect("retry")
     );
     assert!(
-        !store::record_failure(db, &by_a, "relay-a", FailureKind::Rejected, "late")
-            .await
-            .expect("fail")
+        !store::record_failure(
+            db,
+            &by_a,
+            "relay-a",
+            FailureKind::Rejected,
+            &Problem::new("LATE", "late")
+        )
+        .await
+        .expect("fail")
     );
     assert_eq!(rows(&app).await[0], by_b, "still untouched");
 
@@ -431,9 +442,15 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
         .expect("claim")
         .remove(0);
     assert!(
-        store::record_failure(db, &by_c, "relay-c", FailureKind::Exhausted, "gave up")
-            .await
-            .expect("fail")
+        store::record_failure(
+            db,
+            &by_c,
+            "relay-c",
+            FailureKind::Exhausted,
+            &Problem::new("UNAVAILABLE", "gave up")
+        )
+        .await
+        .expect("fail")
     );
     let failed = rows(&app).await.remove(1);
     let late = store::record_delivery(db, &by_c, "relay-c", user).await;

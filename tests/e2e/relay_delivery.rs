@@ -8,8 +8,9 @@ use proto::{
 };
 use relay::{BatchOutcome, replay};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr};
-use student_svc::entity::{
-    outbox::{self, CreateUserPayload, FailureKind, OutboxStatus},
+use student_store::effect::CreateUserPayload;
+use student_store::entity::{
+    outbox::{self, FailureKind, OutboxStatus},
     students,
 };
 use users_svc::entity::users;
@@ -28,7 +29,7 @@ on_both_backends!(
     one_batch_links_every_pending_student,
     a_student_linked_to_another_user_fails_its_row_as_a_link_conflict,
     a_missing_student_fails_its_row_and_holds_back_no_one,
-    an_unreadable_payload_fails_its_row_and_holds_back_no_one,
+    undecodable_rows_fail_on_their_own_and_hold_back_no_one,
     a_redelivery_after_a_lost_answer_is_answered_from_the_inbox,
     users_down_keeps_rows_pending_with_backoff,
     a_rejection_fails_the_row_and_shows_on_the_student,
@@ -140,11 +141,15 @@ async fn a_student_linked_to_another_user_fails_its_row_as_a_link_conflict(backe
         .await
         .expect("users")
         .expect("Users created the user before the link was refused");
-    let expected = format!(
-        "LINK_CONFLICT: student {first} is already linked to user {foreign}, not {}",
+    let message = format!(
+        "student {first} is already linked to user {foreign}, not {}",
         created.id
     );
-    assert_eq!(rows[0].last_error.as_deref(), Some(expected.as_str()));
+    assert_eq!(
+        (rows[0].error_code.as_deref(), rows[0].last_error.as_deref()),
+        (Some("LINK_CONFLICT"), Some(message.as_str()))
+    );
+    let expected = format!("LINK_CONFLICT: {message}");
     let student = app
         .student
         .clone()
@@ -205,47 +210,90 @@ async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend)
         (OutboxStatus::Failed, OutboxStatus::Done)
     );
     assert_eq!(
-        rows[0].last_error.as_deref(),
-        Some(format!("STUDENT_MISSING: student {gone} does not exist").as_str())
+        (rows[0].error_code.as_deref(), rows[0].last_error.as_deref()),
+        (
+            Some("STUDENT_MISSING"),
+            Some(format!("student {gone} does not exist").as_str())
+        )
     );
     assert_eq!(rows[0].failure_kind, Some(FailureKind::Rejected));
 }
 
-async fn an_unreadable_payload_fails_its_row_and_holds_back_no_one(backend: Backend) {
+async fn undecodable_rows_fail_on_their_own_and_hold_back_no_one(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    create_students(&app, 2).await;
-    let oldest = statuses(&app).await.remove(0);
-    outbox::Entity::update_many()
-        .col_expr(
-            outbox::Column::Payload,
-            Expr::value(serde_json::json!({ "version": 1, "email": 7 })),
-        )
-        .filter(outbox::Column::Id.eq(oldest.id))
-        .exec(&app.student_db)
-        .await
-        .expect("spoil the payload");
+    create_students(&app, 3).await;
+    let rows = statuses(&app).await;
+    let spoil = |id: i64, column: outbox::Column, value: serde_json::Value| {
+        let db = app.student_db.clone();
+        async move {
+            let value = match column {
+                outbox::Column::EffectType => Expr::value(value.as_str().unwrap_or_default()),
+                _ => Expr::value(value),
+            };
+            outbox::Entity::update_many()
+                .col_expr(column, value)
+                .filter(outbox::Column::Id.eq(id))
+                .exec(&db)
+                .await
+                .expect("spoil the row");
+        }
+    };
+    // The oldest row's payload does not fit its type; the next one's type is unknown.
+    spoil(
+        rows[0].id,
+        outbox::Column::Payload,
+        serde_json::json!({ "version": 1, "email": 7 }),
+    )
+    .await;
+    spoil(
+        rows[1].id,
+        outbox::Column::EffectType,
+        "send-flowers".into(),
+    )
+    .await;
 
     let outcome = app.relay().deliver_batch().await.expect("batch");
     assert_eq!(
         (outcome.claimed, outcome.delivered, outcome.failed),
-        (2, 1, 1)
+        (3, 1, 2)
     );
     let rows = statuses(&app).await;
+    let failure = |row: &outbox::Model| {
+        (
+            row.status,
+            row.attempts,
+            row.failure_kind,
+            row.error_code.clone(),
+            row.last_error.clone(),
+        )
+    };
     assert_eq!(
-        (rows[0].status, rows[0].attempts, rows[0].failure_kind),
-        (OutboxStatus::Failed, 1, Some(FailureKind::Rejected))
+        failure(&rows[0]),
+        (
+            OutboxStatus::Failed,
+            1,
+            Some(FailureKind::Rejected),
+            Some("UNREADABLE_PAYLOAD".to_owned()),
+            Some("the stored payload cannot be decoded: invalid at line 0 column 0".to_owned())
+        )
     );
     assert_eq!(
-        rows[0].last_error.as_deref(),
-        Some("UNREADABLE_PAYLOAD: the stored payload cannot be decoded")
+        failure(&rows[1]),
+        (
+            OutboxStatus::Failed,
+            1,
+            Some(FailureKind::Rejected),
+            Some("UNKNOWN_EFFECT".to_owned()),
+            Some("effect type \"send-flowers\" is not known to this relay".to_owned())
+        )
     );
-    assert_eq!(rows[1].status, OutboxStatus::Done);
+    assert_eq!(rows[2].status, OutboxStatus::Done);
     assert_eq!(
         users_and_inbox_rows(&app.users_db).await,
         (1, 1),
-        "nothing was sent for the unreadable row"
+        "nothing was sent for the undecodable rows"
     );
 }
 
@@ -312,10 +360,9 @@ async fn users_down_keeps_rows_pending_with_backoff(backend: Backend) {
 
     let row = only_row(&app).await;
     assert_eq!((row.status, row.attempts), (OutboxStatus::Pending, 1));
-    assert!(
-        row.last_error
-            .as_deref()
-            .is_some_and(|e| e.starts_with("UNAVAILABLE: ")),
+    assert_eq!(
+        row.error_code.as_deref(),
+        Some("UNAVAILABLE"),
         "{:?}",
         row.last_error
     );
@@ -369,9 +416,12 @@ async fn a_rejection_fails_the_row_and_shows_on_the_student(backend: Backend) {
     );
     let row = only_row(&app).await;
     assert_eq!((row.status, row.attempts), (OutboxStatus::Failed, 1));
-    let expected_error =
-        "DOCUMENT_NUMBER_TAKEN: document_number is already used by another enabled user";
-    assert_eq!(row.last_error.as_deref(), Some(expected_error));
+    let message = "document_number is already used by another enabled user";
+    assert_eq!(
+        (row.error_code.as_deref(), row.last_error.as_deref()),
+        (Some("DOCUMENT_NUMBER_TAKEN"), Some(message))
+    );
+    let expected_error = format!("DOCUMENT_NUMBER_TAKEN: {message}");
 
     let student = app
         .student
@@ -481,7 +531,7 @@ async fn status_counts_rows_per_status(backend: Backend) {
         return;
     };
     let report = relay::status::read(&app.student_db).await.expect("status");
-    assert_eq!(report, relay::status::OutboxStatusReport::default());
+    assert_eq!(report, relay::status::OutboxReport::default());
 
     create_students(&app, 2).await;
     let report = relay::status::read(&app.student_db).await.expect("status");
@@ -500,7 +550,7 @@ async fn status_counts_rows_per_status(backend: Backend) {
     let report = relay::status::read(&app.student_db).await.expect("status");
     assert_eq!(
         report,
-        relay::status::OutboxStatusReport {
+        relay::status::OutboxReport {
             done: 2,
             ..Default::default()
         }

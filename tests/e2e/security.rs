@@ -13,7 +13,7 @@ use relay::{
     users_client::{UsersClient, UsersConnection},
 };
 use sea_orm::EntityTrait;
-use student_svc::entity::outbox::{self, OutboxStatus};
+use student_store::entity::outbox::{self, OutboxStatus};
 use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -185,11 +185,17 @@ async fn calls_without_the_token_are_unauthenticated_while_health_stays_open(bac
     assert_eq!((outcome.retried, outcome.failed), (1, 0));
     let row = only_row(&app).await;
     assert_eq!(
-        (row.status, row.failure_kind, row.last_error.as_deref()),
+        (
+            row.status,
+            row.failure_kind,
+            row.error_code.as_deref(),
+            row.last_error.as_deref()
+        ),
         (
             OutboxStatus::Pending,
             None,
-            Some("UNAUTHENTICATED: missing or invalid bearer token")
+            Some("UNAUTHENTICATED"),
+            Some("missing or invalid bearer token")
         )
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));

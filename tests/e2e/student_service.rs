@@ -4,8 +4,9 @@ use proto::student::v1::{
     CreateStudentRequest, GetStudentRequest, ListStudentsRequest, UserLinkStatus,
 };
 use sea_orm::{EntityTrait, QueryOrder};
-use student_svc::entity::{
-    outbox::{self, CREATE_USER, CreateUserPayload, OutboxStatus},
+use student_store::effect::{CREATE_USER, CreateUserPayload};
+use student_store::entity::{
+    outbox::{self, OutboxStatus},
     students,
 };
 use tonic::Code;

@@ -1,7 +1,6 @@
 //! The gRPC face of the Users service: decode and validate, call a use case, encode.
 
 use platform::validate;
-use prost_types::Timestamp;
 use proto::users::v1::{
     CreateUserRequest, CreateUserResponse, GetUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
     User, users_service_server::UsersService,
@@ -66,10 +65,7 @@ impl UsersService for UsersApi {
             document_number: user.document_number,
             student_id: user.student_id.to_string(),
             enabled: user.enabled,
-            created_at: Some(Timestamp {
-                seconds: user.created_at.timestamp(),
-                nanos: user.created_at.timestamp_subsec_nanos() as i32,
-            }),
+            created_at: Some(platform::timestamp::to_proto(user.created_at)),
         }))
     }
 }

@@ -12,8 +12,7 @@ mod new_user;
 
 use std::net::SocketAddr;
 
-use anyhow::Context as _;
-use platform::grpc_server::{Limits, ServerOptions, ServiceDefinition};
+use platform::grpc_server::{ServerOptions, ServiceDefinition};
 use proto::users::v1::users_service_server::UsersServiceServer;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
@@ -72,23 +71,18 @@ impl Config {
 
     /// The server options this configuration asks for (reads the TLS files).
     pub fn server_options(&self) -> anyhow::Result<ServerOptions> {
-        Ok(ServerOptions {
-            limits: Limits {
-                request_timeout: self.request_timeout,
-                max_concurrent_requests: self.max_concurrent_requests,
-            },
-            tls: ServerOptions::load_tls(self.tls_cert.as_deref(), self.tls_key.as_deref())?,
-        })
+        ServerOptions::from_flags(
+            self.request_timeout,
+            self.max_concurrent_requests,
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+        )
     }
 }
 
 /// Opens the Users DB and brings its schema up to date.
 pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
-    let db = platform::db::connect(url).await?;
-    migrations::apply::<migrations::users::Migrator>(&db, migrations::USERS_LOCK_ID)
-        .await
-        .context("cannot migrate the Users DB")?;
-    Ok(db)
+    migrations::open::<migrations::users::Migrator>(url).await
 }
 
 /// Serves the Users service on `listener` until `shutdown` is cancelled.

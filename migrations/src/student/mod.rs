@@ -7,6 +7,7 @@ mod m20261130_000002_create_outbox_table;
 mod m20261130_000003_add_outbox_failure_kind;
 mod m20261201_000004_document_number_unique_ignoring_case;
 mod m20261201_000005_outbox_available_at_from_database_clock;
+mod m20261201_000006_outbox_error_code;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -20,6 +21,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000003_add_outbox_failure_kind::Migration),
             Box::new(m20261201_000004_document_number_unique_ignoring_case::Migration),
             Box::new(m20261201_000005_outbox_available_at_from_database_clock::Migration),
+            Box::new(m20261201_000006_outbox_error_code::Migration),
         ]
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use sea_orm::{DatabaseConnection, EntityTrait, PaginatorTrait};
-use student_svc::entity::{
+use student_store::entity::{
     outbox::{self, OutboxStatus},
     students,
 };

@@ -19,7 +19,7 @@ use proto::{
 use sea_orm::{
     ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
 };
-use student_svc::entity::{outbox, students};
+use student_store::entity::{outbox, students};
 use tonic::transport::Channel;
 
 use super::{Backend, TestDatabases, proxy::Proxy};

@@ -1,11 +1,8 @@
 //! `outbox`: effects on other services that a Student transaction decided on, waiting for
-//! the relay to deliver them.
+//! the relay to deliver them. Status values are spelled here and nowhere else: raw SQL
+//! builds its literals from [`OutboxStatus`].
 
 use sea_orm::entity::prelude::*;
-use serde::{Deserialize, Serialize};
-
-/// The effect type of the row that asks Users for a login user.
-pub const CREATE_USER: &str = "create-user";
 
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "outbox")]
@@ -16,8 +13,9 @@ pub struct Model {
     pub id: i64,
     /// The student the effect belongs to.
     pub aggregate_id: Uuid,
+    /// Which effect this is; with `payload` it decodes into an [`crate::effect::Effect`].
     pub effect_type: String,
-    /// What Users needs, as decided at commit time ([`CreateUserPayload`]).
+    /// What Users needs, as decided at commit time, with a `version` of its format.
     #[sea_orm(column_type = "Json")]
     pub payload: Json,
     /// Generated once, with the row, and sent on every delivery attempt.
@@ -25,6 +23,8 @@ pub struct Model {
     pub idempotency_key: String,
     pub status: OutboxStatus,
     pub attempts: i32,
+    /// Why the last attempt did not succeed, for people: a readable message. Its stable
+    /// reason is `error_code`.
     pub last_error: Option<String>,
     /// Not to be delivered before this time (retry backoff).
     pub available_at: DateTimeUtc,
@@ -37,6 +37,10 @@ pub struct Model {
     pub result: Option<String>,
     /// Why the row `failed`, when it did.
     pub failure_kind: Option<FailureKind>,
+    /// The stable reason of `last_error`: Users' `ErrorInfo` reason
+    /// (`DOCUMENT_NUMBER_TAKEN`), a gRPC code (`UNAVAILABLE`), or the relay's own
+    /// (`LINK_CONFLICT`, `STUDENT_MISSING`, `UNKNOWN_EFFECT`, `UNREADABLE_PAYLOAD`).
+    pub error_code: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -73,22 +77,4 @@ pub enum FailureKind {
     /// Transient failures used up every attempt. The same key may be retried as is.
     #[sea_orm(string_value = "exhausted")]
     Exhausted,
-}
-
-/// The `create-user` payload: a snapshot of what Users needs, taken when the student was
-/// created, so every delivery attempt sends exactly the same request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CreateUserPayload {
-    /// Payload format version, so old rows stay readable after the format changes.
-    pub version: u32,
-    pub email: String,
-    pub first_name: String,
-    pub last_name: String,
-    pub document_number: String,
-    pub student_id: Uuid,
-}
-
-impl CreateUserPayload {
-    /// The payload format this code writes.
-    pub const VERSION: u32 = 1;
 }

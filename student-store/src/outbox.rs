@@ -1,5 +1,7 @@
-//! The relay's reads and writes on the Student DB. Each is one statement or one short
-//! transaction, opened and committed here; none is ever held open across a call to Users.
+//! The outbox as the relay works it: claims, the state changes that end a delivery, the
+//! operator's redrive, and the reads behind `relay status`, `replay` and `retry-failed`.
+//! Each write is one statement or one short transaction, opened and committed here; none is
+//! ever held open across a call to Users.
 //!
 //! Lease and backoff times come from one clock: on PostgreSQL the database's `now()`, so
 //! relays on machines with skewed clocks agree; on SQLite (one machine) the application's,
@@ -10,20 +12,42 @@
 //! idempotency key), and reports whether it did. A relay whose lease ran out, or whose row
 //! was failed or re-keyed meanwhile, changes nothing.
 
-use std::{sync::LazyLock, time::Duration};
+use std::{collections::HashMap, sync::LazyLock, time::Duration};
 
 use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now, shared_now};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic as _, Iterable as _,
-    QueryFilter, Statement, UpdateMany,
+    ActiveEnum as _, ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+    Statement, UpdateMany,
     sea_query::{Expr, ExprTrait},
 };
-use student_svc::entity::{
+use uuid::Uuid;
+
+use crate::entity::{
     outbox::{self, FailureKind, OutboxStatus},
     students,
 };
-use uuid::Uuid;
+
+/// Why an attempt did not succeed: a stable reason and a readable message, stored apart
+/// (`error_code`, `last_error`) so that nobody ever parses one out of the other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// `DOCUMENT_NUMBER_TAKEN`, `UNAVAILABLE`, `LINK_CONFLICT`, …
+    pub code: String,
+    /// What happened, for people. Never personal data, never transport internals a client
+    /// could act on wrongly.
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
 
 /// Claims up to `limit` due rows for `relay_id`, oldest first, in ONE statement: rows that
 /// are `pending` and past their backoff, or `processing` under a lease that has run out
@@ -145,6 +169,10 @@ fn mark_done(user_id: Uuid) -> UpdateMany<outbox::Entity> {
             outbox::Column::LastError,
             Expr::value(Option::<String>::None),
         )
+        .col_expr(
+            outbox::Column::ErrorCode,
+            Expr::value(Option::<String>::None),
+        )
 }
 
 /// The one transaction that finishes a delivery: the fenced `finish` update of the row,
@@ -197,7 +225,7 @@ pub async fn record_retry(
     db: &DatabaseConnection,
     row: &outbox::Model,
     relay_id: &str,
-    error: &str,
+    problem: &Problem,
     delay: Duration,
 ) -> Result<bool, DbErr> {
     let backend = db.get_database_backend();
@@ -209,7 +237,11 @@ pub async fn record_retry(
     };
     let retried = held_by_claim(without_lease(outbox::Entity::update_many()), row, relay_id)
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
-        .col_expr(outbox::Column::LastError, Expr::value(error.to_owned()))
+        .col_expr(outbox::Column::ErrorCode, Expr::value(problem.code.clone()))
+        .col_expr(
+            outbox::Column::LastError,
+            Expr::value(problem.message.clone()),
+        )
         .col_expr(outbox::Column::AvailableAt, available_at)
         .exec(db)
         .await?;
@@ -224,12 +256,16 @@ pub async fn record_failure(
     row: &outbox::Model,
     relay_id: &str,
     kind: FailureKind,
-    error: &str,
+    problem: &Problem,
 ) -> Result<bool, DbErr> {
     let failed = held_by_claim(without_lease(outbox::Entity::update_many()), row, relay_id)
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Failed))
         .col_expr(outbox::Column::FailureKind, Expr::value(kind))
-        .col_expr(outbox::Column::LastError, Expr::value(error.to_owned()))
+        .col_expr(outbox::Column::ErrorCode, Expr::value(problem.code.clone()))
+        .col_expr(
+            outbox::Column::LastError,
+            Expr::value(problem.message.clone()),
+        )
         .col_expr(outbox::Column::ProcessedAt, Expr::value(now()))
         .exec(db)
         .await?;
@@ -325,15 +361,19 @@ fn without_lease(update: UpdateMany<outbox::Entity>) -> UpdateMany<outbox::Entit
 
 /// The claim on PostgreSQL: `FOR UPDATE SKIP LOCKED`, lease times from the database clock.
 static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
+    let (pending, processing) = (
+        literal(OutboxStatus::Pending),
+        literal(OutboxStatus::Processing),
+    );
     format!(
         r#"UPDATE outbox
-              SET status = 'processing', locked_by = $1,
+              SET status = {processing}, locked_by = $1,
                   locked_until = now() + $2 * interval '1 millisecond',
                   attempts = attempts + 1
             WHERE id IN (
                   SELECT id FROM outbox
-                   WHERE (status = 'pending' AND available_at <= now())
-                      OR (status = 'processing' AND locked_until < now())
+                   WHERE (status = {pending} AND available_at <= now())
+                      OR (status = {processing} AND locked_until < now())
                    ORDER BY id
                    LIMIT $3
                      FOR UPDATE SKIP LOCKED)
@@ -344,20 +384,30 @@ static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
 
 /// The claim on SQLite: one UPDATE under the single write lock, times bound by the caller.
 static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| {
+    let (pending, processing) = (
+        literal(OutboxStatus::Pending),
+        literal(OutboxStatus::Processing),
+    );
     format!(
         r#"UPDATE outbox
-              SET status = 'processing', locked_by = ?, locked_until = ?,
+              SET status = {processing}, locked_by = ?, locked_until = ?,
                   attempts = attempts + 1
             WHERE id IN (
                   SELECT id FROM outbox
-                   WHERE (status = 'pending' AND available_at <= ?)
-                      OR (status = 'processing' AND locked_until < ?)
+                   WHERE (status = {pending} AND available_at <= ?)
+                      OR (status = {processing} AND locked_until < ?)
                    ORDER BY id
                    LIMIT ?)
         RETURNING {}"#,
         outbox_columns()
     )
 });
+
+/// A status as an SQL string literal, spelled by the entity (the values are plain words,
+/// so quoting needs no escaping).
+fn literal(status: OutboxStatus) -> String {
+    format!("'{}'", status.to_value())
+}
 
 /// The outbox entity's columns, quoted and comma-separated. Named, never `*`: a cached
 /// statement must not change shape when the schema gains a column.
@@ -370,4 +420,117 @@ fn outbox_columns() -> String {
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Row counts per status and the age of the oldest undelivered row: `relay status`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OutboxReport {
+    pub pending: i64,
+    pub processing: i64,
+    pub done: i64,
+    pub failed: i64,
+    /// Seconds since the oldest `pending` or `processing` row was written; 0 when none.
+    pub oldest_pending_age_seconds: i64,
+    /// `pending` rows that failed at least once and are waiting to be retried (Users down,
+    /// overloaded, or refusing the relay's token: the relay's log says which).
+    pub retrying: i64,
+}
+
+/// Reads the [`OutboxReport`].
+pub async fn report(db: &DatabaseConnection) -> Result<OutboxReport, DbErr> {
+    let counts: Vec<(OutboxStatus, i64)> = outbox::Entity::find()
+        .select_only()
+        .column(outbox::Column::Status)
+        .column_as(outbox::Column::Id.count(), "rows")
+        .group_by(outbox::Column::Status)
+        .into_tuple()
+        .all(db)
+        .await?;
+    let mut report = OutboxReport::default();
+    for (status, rows) in counts {
+        match status {
+            OutboxStatus::Pending => report.pending = rows,
+            OutboxStatus::Processing => report.processing = rows,
+            OutboxStatus::Done => report.done = rows,
+            OutboxStatus::Failed => report.failed = rows,
+        }
+    }
+    let oldest: Option<outbox::Model> = outbox::Entity::find()
+        .filter(outbox::Column::Status.is_in([OutboxStatus::Pending, OutboxStatus::Processing]))
+        .order_by_asc(outbox::Column::CreatedAt)
+        .order_by_asc(outbox::Column::Id)
+        .one(db)
+        .await?;
+    if let Some(row) = oldest {
+        report.oldest_pending_age_seconds = Ord::max((now() - row.created_at).num_seconds(), 0);
+    }
+    report.retrying = i64::try_from(
+        outbox::Entity::find()
+            .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+            .filter(outbox::Column::Attempts.gt(0))
+            .count(db)
+            .await?,
+    )
+    .unwrap_or(i64::MAX);
+    Ok(report)
+}
+
+/// `failed` rows, oldest first: the one with `id`, or all of them.
+pub async fn failed_rows(
+    db: &DatabaseConnection,
+    id: Option<i64>,
+) -> Result<Vec<outbox::Model>, DbErr> {
+    let mut query = outbox::Entity::find()
+        .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
+        .order_by_asc(outbox::Column::Id);
+    if let Some(id) = id {
+        query = query.filter(outbox::Column::Id.eq(id));
+    }
+    query.all(db).await
+}
+
+/// Which delivered rows to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DoneRows {
+    Student(Uuid),
+    Key(String),
+    All,
+}
+
+/// `done` rows, oldest first.
+pub async fn done_rows(
+    db: &DatabaseConnection,
+    which: &DoneRows,
+) -> Result<Vec<outbox::Model>, DbErr> {
+    let query = outbox::Entity::find()
+        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
+        .order_by_asc(outbox::Column::Id);
+    let query = match which {
+        DoneRows::Student(id) => query.filter(outbox::Column::AggregateId.eq(*id)),
+        DoneRows::Key(key) => query.filter(outbox::Column::IdempotencyKey.eq(key.as_str())),
+        DoneRows::All => query,
+    };
+    query.all(db).await
+}
+
+/// The user each row's student is linked to, read in a few queries rather than one per row.
+pub async fn linked_users(
+    db: &DatabaseConnection,
+    rows: &[outbox::Model],
+) -> Result<HashMap<Uuid, Uuid>, DbErr> {
+    // Chunks stay far below every backend's limit on bound parameters.
+    const CHUNK: usize = 1_000;
+    let mut links = HashMap::with_capacity(rows.len());
+    for chunk in rows.chunks(CHUNK) {
+        let students = students::Entity::find()
+            .filter(students::Column::Id.is_in(chunk.iter().map(|row| row.aggregate_id)))
+            .all(db)
+            .await?;
+        links.extend(
+            students
+                .into_iter()
+                .filter_map(|s| Some((s.id, s.user_id?))),
+        );
+    }
+    Ok(links)
 }
