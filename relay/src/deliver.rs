@@ -9,7 +9,7 @@ use sea_orm::DatabaseConnection;
 use student_store::{
     effect::Effect,
     entity::outbox::{self as outbox_row, FailureKind},
-    outbox::{self, Problem, RecordError},
+    outbox::{self, Delivered, Problem, RecordError},
 };
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -195,30 +195,33 @@ impl Relay {
                 return self.fail(&row, FailureKind::Rejected, &problem).await;
             }
         };
-        // One arm per effect: the Users call that carries it, under the row's stored key.
-        let answer = match &effect {
-            Effect::CreateUser(payload) => {
-                self.users
-                    .create_user(&row.idempotency_key, payload, false)
-                    .await
-            }
-        };
-        let answer = match answer {
+        let answer = match self
+            .users
+            .deliver(&row.idempotency_key, &effect, false)
+            .await
+        {
             Ok(answer) => answer,
             Err(status) => return self.record_error(&row, &status).await,
         };
         failpoint::hit(points::RELAY_BEFORE_FINALIZE).await;
-        match outbox::record_delivery(&self.db, &row, &self.id, answer.user_id).await {
+        let delivered = Delivered::of(&effect, answer.user_id);
+        match outbox::record_delivery(&self.db, &row, &self.id, delivered).await {
             Ok(()) => {
+                let message = match delivered {
+                    Delivered::UserCreated(_) => "delivered and linked",
+                    Delivered::UserChanged(_) => "delivered and synced",
+                };
                 tracing::info!(
                     outbox_id = row.id,
                     effect = effect.effect_type(),
                     student_id = %row.aggregate_id,
+                    version = row.aggregate_version,
                     user_id = %answer.user_id,
+                    applied = answer.applied,
                     from_inbox = answer.from_inbox,
                     attempts = row.attempts,
                     relay = %self.id,
-                    "delivered and linked"
+                    "{message}"
                 );
                 Ok(Delivery::Delivered)
             }
@@ -233,8 +236,12 @@ impl Relay {
                 );
                 Ok(Delivery::Superseded)
             }
-            Err(err @ (RecordError::LinkConflict { .. } | RecordError::StudentMissing(_))) => {
-                tracing::error!(outbox_id = row.id, error = %err, "cannot link the user");
+            Err(
+                err @ (RecordError::LinkConflict { .. }
+                | RecordError::NotLinked { .. }
+                | RecordError::StudentMissing(_)),
+            ) => {
+                tracing::error!(outbox_id = row.id, error = %err, "cannot record the delivery on the student");
                 let code = match err {
                     RecordError::StudentMissing(_) => "STUDENT_MISSING",
                     _ => "LINK_CONFLICT",

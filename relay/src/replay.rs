@@ -66,8 +66,9 @@ pub async fn replay(
                 let matches_link = linked == Some(created.user_id);
                 writeln!(
                     out,
-                    "key={} student={} user={} from_inbox={} matches_link={}",
+                    "key={} effect={} student={} user={} from_inbox={} matches_link={}",
                     row.idempotency_key,
+                    row.effect_type,
                     row.aggregate_id,
                     created.user_id,
                     created.from_inbox,
@@ -82,8 +83,8 @@ pub async fn replay(
             Err(error) => {
                 writeln!(
                     out,
-                    "key={} student={} error=\"{}\"",
-                    row.idempotency_key, row.aggregate_id, error
+                    "key={} effect={} student={} error=\"{}\"",
+                    row.idempotency_key, row.effect_type, row.aggregate_id, error
                 )?;
                 summary.errors += 1;
             }
@@ -101,10 +102,10 @@ pub async fn replay(
 /// NOT_FOUND, and never executes.
 async fn replay_one(users: &UsersClient, row: &outbox_row::Model) -> Result<Answer, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload).map_err(|err| err.to_string())?;
-    let answer = match &effect {
-        Effect::CreateUser(payload) => users.create_user(&row.idempotency_key, payload, true).await,
-    };
-    answer.map_err(|status| format!("{}: {}", code_name(status.code()), status.message()))
+    users
+        .deliver(&row.idempotency_key, &effect, true)
+        .await
+        .map_err(|status| format!("{}: {}", code_name(status.code()), status.message()))
 }
 
 fn describe(selection: &Selection) -> String {

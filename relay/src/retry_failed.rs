@@ -23,7 +23,7 @@ use sea_orm::DatabaseConnection;
 use student_store::{
     effect::Effect,
     entity::outbox::{self as outbox_row, FailureKind},
-    outbox::{self, RecordError},
+    outbox::{self, Delivered, RecordError},
 };
 use tonic::Code;
 use uuid::Uuid;
@@ -71,8 +71,8 @@ enum OldKey {
     NotExecuted,
     /// Executed and rejected: nothing was created, a new key is a new operation.
     Rejected,
-    /// Executed: this user exists, created for this row.
-    Created(Uuid),
+    /// Executed: the user was created (or changed) for this row.
+    Executed(Delivered),
 }
 
 /// Requeues the selected failed rows, printing one line per row and a summary line.
@@ -120,12 +120,17 @@ pub async fn retry_failed(
                 writeln!(out, "{line} not re-keyed: {problem}")?;
                 summary.errors += 1;
             }
-            Ok(OldKey::Created(user_id)) => {
-                match outbox::record_found_in_inbox(db, &row, user_id).await {
+            Ok(OldKey::Executed(delivered)) => {
+                let user_id = delivered.user_id();
+                match outbox::record_found_in_inbox(db, &row, delivered).await {
                     Ok(()) => {
                         writeln!(
                             out,
-                            "{line} linked user={user_id}: Users had executed this key; not re-keyed"
+                            "{line} {} user={user_id}: Users had executed this key; not re-keyed",
+                            match delivered {
+                                Delivered::UserCreated(_) => "linked",
+                                Delivered::UserChanged(_) => "synced",
+                            }
                         )?;
                         summary.linked += 1;
                     }
@@ -167,11 +172,8 @@ pub async fn retry_failed(
 async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Result<OldKey, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload)
         .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
-    let answer = match &effect {
-        Effect::CreateUser(payload) => users.create_user(&row.idempotency_key, payload, true).await,
-    };
-    match answer {
-        Ok(answer) => Ok(OldKey::Created(answer.user_id)),
+    match users.deliver(&row.idempotency_key, &effect, true).await {
+        Ok(answer) => Ok(OldKey::Executed(Delivered::of(&effect, answer.user_id))),
         Err(status)
             if status.code() == Code::NotFound
                 && platform::status::reason(&status).as_deref() == Some("NOT_IN_INBOX") =>

@@ -12,7 +12,7 @@ pub async fn read(db: &DatabaseConnection) -> anyhow::Result<OutboxReport> {
 }
 
 /// Prints the report as `relay status` does: one `NAME N` line per status (zeros
-/// included), then `oldest_pending_age_seconds X`, then `retrying N`.
+/// included), then `oldest_pending_age_seconds X`, `retrying N` and `blocked N`.
 pub fn print(report: &OutboxReport, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "pending {}", report.pending)?;
     writeln!(out, "processing {}", report.processing)?;
@@ -23,7 +23,8 @@ pub fn print(report: &OutboxReport, out: &mut impl Write) -> std::io::Result<()>
         "oldest_pending_age_seconds {}",
         report.oldest_pending_age_seconds
     )?;
-    writeln!(out, "retrying {}", report.retrying)
+    writeln!(out, "retrying {}", report.retrying)?;
+    writeln!(out, "blocked {}", report.blocked)
 }
 
 #[cfg(test)]
@@ -38,12 +39,13 @@ mod tests {
             done: 7,
             oldest_pending_age_seconds: 12,
             retrying: 1,
+            blocked: 3,
             ..OutboxReport::default()
         };
         print(&report, &mut out).expect("write to memory");
         assert_eq!(
             String::from_utf8(out).expect("utf-8"),
-            "pending 2\nprocessing 0\ndone 7\nfailed 0\noldest_pending_age_seconds 12\nretrying 1\n"
+            "pending 2\nprocessing 0\ndone 7\nfailed 0\noldest_pending_age_seconds 12\nretrying 1\nblocked 3\n"
         );
     }
 }

@@ -1,13 +1,14 @@
-//! The relay's side of `users.v1.UsersService/CreateUser`.
+//! The relay's side of `users.v1.UsersService`: one call per effect, each with the row's
+//! key, a deadline, the token, and optionally `idempotency-replay-only`.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use proto::users::v1::{
-    CreateUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
+    CreateUserRequest, DisableUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest,
     users_service_client::UsersServiceClient,
 };
-use student_store::effect::CreateUserPayload;
+use student_store::effect::{CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload};
 use tonic::{
     Request, Status,
     metadata::{Ascii, MetadataValue},
@@ -28,6 +29,9 @@ pub struct UsersClient {
 pub struct Answer {
     /// The user the effect created or changed.
     pub user_id: Uuid,
+    /// False when an update or disable was not applied: the user already reflected that
+    /// version of its student or a newer one. Always true for a creation.
+    pub applied: bool,
     /// True when Users answered from its inbox (`idempotent-replayed: true`).
     pub from_inbox: bool,
 }
@@ -128,8 +132,80 @@ impl UsersClient {
         let from_inbox = was_replayed_response(response.metadata());
         Ok(Answer {
             user_id: parse_user_id(&response.into_inner().user_id)?,
+            applied: true,
             from_inbox,
         })
+    }
+
+    /// Sends an `update-user` effect under `key` (replay-only: answered from the inbox or
+    /// NOT_FOUND, never executed).
+    pub async fn update_user(
+        &self,
+        key: &str,
+        payload: &UpdateUserPayload,
+        replay_only: bool,
+    ) -> Result<Answer, Status> {
+        let request = Request::new(UpdateUserRequest {
+            idempotency_key: key.to_owned(),
+            student_id: payload.student_id.to_string(),
+            first_name: payload.first_name.clone(),
+            last_name: payload.last_name.clone(),
+            email: payload.email.clone(),
+            source_version: payload.source_version,
+        });
+        let response = self
+            .send(request, replay_only, |mut client, request| async move {
+                client.update_user(request).await
+            })
+            .await?;
+        let from_inbox = was_replayed_response(response.metadata());
+        let reply = response.into_inner();
+        Ok(Answer {
+            user_id: parse_user_id(&reply.user_id)?,
+            applied: reply.applied,
+            from_inbox,
+        })
+    }
+
+    /// Sends a `disable-user` effect under `key` (replay-only as for
+    /// [`UsersClient::update_user`]).
+    pub async fn disable_user(
+        &self,
+        key: &str,
+        payload: &DisableUserPayload,
+        replay_only: bool,
+    ) -> Result<Answer, Status> {
+        let request = Request::new(DisableUserRequest {
+            idempotency_key: key.to_owned(),
+            student_id: payload.student_id.to_string(),
+            source_version: payload.source_version,
+        });
+        let response = self
+            .send(request, replay_only, |mut client, request| async move {
+                client.disable_user(request).await
+            })
+            .await?;
+        let from_inbox = was_replayed_response(response.metadata());
+        let reply = response.into_inner();
+        Ok(Answer {
+            user_id: parse_user_id(&reply.user_id)?,
+            applied: reply.applied,
+            from_inbox,
+        })
+    }
+
+    /// Sends `effect` under `key`: the one place that maps an effect to its Users call.
+    pub async fn deliver(
+        &self,
+        key: &str,
+        effect: &Effect,
+        replay_only: bool,
+    ) -> Result<Answer, Status> {
+        match effect {
+            Effect::CreateUser(payload) => self.create_user(key, payload, replay_only).await,
+            Effect::UpdateUser(payload) => self.update_user(key, payload, replay_only).await,
+            Effect::DisableUser(payload) => self.disable_user(key, payload, replay_only).await,
+        }
     }
 
     /// Sends `request` with the token, the replay-only marker if asked, and the call's

@@ -10,11 +10,17 @@ use uuid::Uuid;
 
 /// `effect_type` of the row that asks Users for a student's login user.
 pub const CREATE_USER: &str = "create-user";
+/// `effect_type` of the row that carries a student's changed names or e-mail to its user.
+pub const UPDATE_USER: &str = "update-user";
+/// `effect_type` of the row that disables the user of a deactivated student.
+pub const DISABLE_USER: &str = "disable-user";
 
 /// One effect on Users, decided by a Student transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     CreateUser(CreateUserPayload),
+    UpdateUser(UpdateUserPayload),
+    DisableUser(DisableUserPayload),
 }
 
 /// Why a stored row does not decode into an [`Effect`]. Either way no attempt can ever
@@ -44,6 +50,8 @@ impl Effect {
     pub fn effect_type(&self) -> &'static str {
         match self {
             Self::CreateUser(_) => CREATE_USER,
+            Self::UpdateUser(_) => UPDATE_USER,
+            Self::DisableUser(_) => DISABLE_USER,
         }
     }
 
@@ -51,6 +59,8 @@ impl Effect {
     pub fn payload(&self) -> serde_json::Value {
         let encoded = match self {
             Self::CreateUser(payload) => serde_json::to_value(payload),
+            Self::UpdateUser(payload) => serde_json::to_value(payload),
+            Self::DisableUser(payload) => serde_json::to_value(payload),
         };
         // Plain structs of strings and numbers always encode.
         encoded.unwrap_or(serde_json::Value::Null)
@@ -60,6 +70,11 @@ impl Effect {
     pub fn decode(effect_type: &str, payload: &serde_json::Value) -> Result<Self, EffectError> {
         match effect_type {
             CREATE_USER => Ok(Self::CreateUser(read(payload, CreateUserPayload::VERSION)?)),
+            UPDATE_USER => Ok(Self::UpdateUser(read(payload, UpdateUserPayload::VERSION)?)),
+            DISABLE_USER => Ok(Self::DisableUser(read(
+                payload,
+                DisableUserPayload::VERSION,
+            )?)),
             other => Err(EffectError::UnknownEffect(other.to_owned())),
         }
     }
@@ -102,6 +117,40 @@ impl CreateUserPayload {
     pub const VERSION: u32 = 1;
 }
 
+/// The `update-user` payload: the student's names and e-mail as of `source_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateUserPayload {
+    /// Payload format version.
+    pub version: u32,
+    pub student_id: Uuid,
+    pub first_name: String,
+    pub last_name: String,
+    pub email: String,
+    /// The student's version after the change; Users applies it only if it is newer than
+    /// what the user already reflects.
+    pub source_version: u64,
+}
+
+impl UpdateUserPayload {
+    /// The payload format this code writes and reads.
+    pub const VERSION: u32 = 1;
+}
+
+/// The `disable-user` payload: the student was deactivated at `source_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisableUserPayload {
+    /// Payload format version.
+    pub version: u32,
+    pub student_id: Uuid,
+    /// The student's version after the deactivation.
+    pub source_version: u64,
+}
+
+impl DisableUserPayload {
+    /// The payload format this code writes and reads.
+    pub const VERSION: u32 = 1;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,12 +167,29 @@ mod tests {
     }
 
     #[test]
-    fn an_effect_round_trips_through_its_stored_form() {
-        let effect = create_user();
-        assert_eq!(
-            Effect::decode(effect.effect_type(), &effect.payload()),
-            Ok(effect)
-        );
+    fn every_effect_round_trips_through_its_stored_form() {
+        let effects = [
+            create_user(),
+            Effect::UpdateUser(UpdateUserPayload {
+                version: UpdateUserPayload::VERSION,
+                student_id: Uuid::nil(),
+                first_name: "Ana".into(),
+                last_name: "Gómez".into(),
+                email: "ana.gomez@example.edu".into(),
+                source_version: 2,
+            }),
+            Effect::DisableUser(DisableUserPayload {
+                version: DisableUserPayload::VERSION,
+                student_id: Uuid::nil(),
+                source_version: 3,
+            }),
+        ];
+        for effect in effects {
+            assert_eq!(
+                Effect::decode(effect.effect_type(), &effect.payload()),
+                Ok(effect)
+            );
+        }
     }
 
     #[test]

@@ -17,16 +17,19 @@ use std::{collections::HashMap, sync::LazyLock, time::Duration};
 use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now, shared_now};
 use sea_orm::{
-    ActiveEnum as _, ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
-    IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
-    Statement, UpdateMany,
+    ActiveEnum as _, ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, DbErr,
+    EntityTrait, IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect, Statement, UpdateMany,
     sea_query::{Expr, ExprTrait},
 };
 use uuid::Uuid;
 
-use crate::entity::{
-    outbox::{self, FailureKind, OutboxStatus},
-    students,
+use crate::{
+    effect::Effect,
+    entity::{
+        outbox::{self, FailureKind, OutboxStatus},
+        students,
+    },
 };
 
 /// Why an attempt did not succeed: a stable reason and a readable message, stored apart
@@ -98,6 +101,34 @@ pub async fn claim_batch(
     Ok(rows)
 }
 
+/// What Users did for a delivered row, as recorded on the student.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    /// `create-user`: Users created this user for the student (now, or before, answering
+    /// from its inbox). It is linked to the student.
+    UserCreated(Uuid),
+    /// `update-user`, `disable-user`: the student's user reflects the change (or a newer
+    /// one). It must be the user the student is linked to.
+    UserChanged(Uuid),
+}
+
+impl Delivered {
+    /// What delivering `effect` did, given the user Users answered with.
+    pub fn of(effect: &Effect, user_id: Uuid) -> Self {
+        match effect {
+            Effect::CreateUser(_) => Self::UserCreated(user_id),
+            Effect::UpdateUser(_) | Effect::DisableUser(_) => Self::UserChanged(user_id),
+        }
+    }
+
+    /// The user Users answered with.
+    pub fn user_id(self) -> Uuid {
+        match self {
+            Self::UserCreated(id) | Self::UserChanged(id) => id,
+        }
+    }
+}
+
 /// Why a delivery could not be recorded.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -106,46 +137,52 @@ pub enum RecordError {
     /// written; whoever holds the row now records its own outcome.
     #[error("outbox row {0} is no longer held by this claim; nothing recorded")]
     ClaimLost(i64),
-    /// The student is already linked to another user: never overwritten, always reported.
+    /// The student is linked to another user than the one Users answered with: never
+    /// overwritten, always reported.
     #[error("student {student_id} is already linked to user {linked}, not {returned}")]
     LinkConflict {
         student_id: Uuid,
         linked: Uuid,
         returned: Uuid,
     },
+    /// Users changed a user for a student that is not linked to any.
+    #[error("student {student_id} is not linked to a user, but Users changed user {returned}")]
+    NotLinked { student_id: Uuid, returned: Uuid },
     #[error("student {0} does not exist")]
     StudentMissing(Uuid),
     #[error(transparent)]
     Db(#[from] DbErr),
 }
 
-/// Links the user Users returned to the student and marks the row `done`, in ONE
-/// transaction: either the student shows its user and the row is finished, or neither.
+/// Records a delivery and marks the row `done`, in ONE transaction: for `create-user` the
+/// returned user is linked to the student; for every effect the student's `synced_version`
+/// rises to the row's version. Either the student shows it and the row is finished, or
+/// neither.
 ///
 /// Only while `relay_id` still holds the row under the claim `row` came from (fenced by
 /// relay, attempt and key): a relay that finishes after its lease ran out and another relay
 /// took the row gets [`RecordError::ClaimLost`] and changes nothing; the other relay got the
-/// same user id from Users' inbox and records it. A *different* user id than the one
-/// already linked is refused, never written.
+/// same answer from Users' inbox and records it. A *different* user than the one already
+/// linked is refused, never written.
 pub async fn record_delivery(
     db: &DatabaseConnection,
     row: &outbox::Model,
     relay_id: &str,
-    user_id: Uuid,
+    delivered: Delivered,
 ) -> Result<(), RecordError> {
-    let finish = held_by_claim(mark_done(user_id), row, relay_id);
-    link_and_finish(db, row, finish, user_id).await
+    let finish = held_by_claim(mark_done(delivered.user_id()), row, relay_id);
+    finish_delivery(db, row, finish, delivered).await
 }
 
-/// Links a `failed` row's user and marks the row `done`, for `retry-failed`: Users' inbox
+/// Records a `failed` row's delivery and marks it `done`, for `retry-failed`: Users' inbox
 /// says the row's key was executed after all (its answer was lost). Fenced by the row's
 /// status and key, so a row redriven meanwhile is left alone ([`RecordError::ClaimLost`]).
 pub async fn record_found_in_inbox(
     db: &DatabaseConnection,
     row: &outbox::Model,
-    user_id: Uuid,
+    delivered: Delivered,
 ) -> Result<(), RecordError> {
-    let finish = mark_done(user_id)
+    let finish = mark_done(delivered.user_id())
         .filter(outbox::Column::Id.eq(row.id))
         .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
         .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
@@ -153,7 +190,7 @@ pub async fn record_found_in_inbox(
             outbox::Column::FailureKind,
             Expr::value(Option::<FailureKind>::None),
         );
-    link_and_finish(db, row, finish, user_id).await
+    finish_delivery(db, row, finish, delivered).await
 }
 
 /// The update that marks a row `done` with its user, lease cleared.
@@ -176,47 +213,85 @@ fn mark_done(user_id: Uuid) -> UpdateMany<outbox::Entity> {
 }
 
 /// The one transaction that finishes a delivery: the fenced `finish` update of the row,
-/// then the link. The row goes first so that a lost claim is found before anything is
+/// then the student. The row goes first so that a lost claim is found before anything is
 /// written, and its row lock (PostgreSQL) keeps a competing claim out until commit.
-async fn link_and_finish(
+async fn finish_delivery(
     db: &DatabaseConnection,
     row: &outbox::Model,
     finish: UpdateMany<outbox::Entity>,
-    user_id: Uuid,
+    delivered: Delivered,
 ) -> Result<(), RecordError> {
     let txn = begin_write(db).await?;
     if finish.exec(&txn).await?.rows_affected != 1 {
         return Err(RecordError::ClaimLost(row.id));
     }
-    let linked = students::Entity::update_many()
-        .col_expr(students::Column::UserId, Expr::value(user_id))
-        .col_expr(students::Column::UpdatedAt, Expr::value(now()))
-        .filter(students::Column::Id.eq(row.aggregate_id))
-        .filter(
-            students::Column::UserId
-                .is_null()
-                .or(students::Column::UserId.eq(user_id)),
+    let student_id = row.aggregate_id;
+    match delivered {
+        Delivered::UserCreated(user_id) => {
+            let linked = students::Entity::update_many()
+                .col_expr(students::Column::UserId, Expr::value(user_id))
+                .col_expr(students::Column::UpdatedAt, Expr::value(now()))
+                .filter(students::Column::Id.eq(student_id))
+                .filter(
+                    students::Column::UserId
+                        .is_null()
+                        .or(students::Column::UserId.eq(user_id)),
+                )
+                .exec(&txn)
+                .await?;
+            if linked.rows_affected == 0 {
+                // Dropping the transaction rolls the row's update back.
+                return Err(link_problem(&txn, student_id, user_id).await?);
+            }
+        }
+        Delivered::UserChanged(user_id) => {
+            let student = students::Entity::find_by_id(student_id)
+                .one(&txn)
+                .await?
+                .ok_or(RecordError::StudentMissing(student_id))?;
+            if student.user_id != Some(user_id) {
+                return Err(link_problem(&txn, student_id, user_id).await?);
+            }
+        }
+    }
+    // Users now reflects this version (or a newer one): never lowered, so a late or
+    // repeated finish changes nothing.
+    students::Entity::update_many()
+        .col_expr(
+            students::Column::SyncedVersion,
+            Expr::value(row.aggregate_version),
         )
+        .filter(students::Column::Id.eq(student_id))
+        .filter(students::Column::SyncedVersion.lt(row.aggregate_version))
         .exec(&txn)
         .await?;
-    if linked.rows_affected == 0 {
-        let student = students::Entity::find_by_id(row.aggregate_id)
-            .one(&txn)
-            .await?;
-        // Dropping the transaction rolls the row's update back.
-        return Err(match student.and_then(|s| s.user_id) {
-            Some(linked) => RecordError::LinkConflict {
-                student_id: row.aggregate_id,
-                linked,
-                returned: user_id,
-            },
-            None => RecordError::StudentMissing(row.aggregate_id),
-        });
-    }
     // Crash point: before this commit the row is still leased (or failed) and will be
-    // delivered again, Users answering from its inbox; after it, the student is linked.
+    // delivered again, Users answering from its inbox; after it, the student shows it.
     txn.commit().await?;
     Ok(())
+}
+
+/// Why student `student_id` cannot take `returned` as its user.
+async fn link_problem(
+    txn: &impl sea_orm::ConnectionTrait,
+    student_id: Uuid,
+    returned: Uuid,
+) -> Result<RecordError, DbErr> {
+    let student = students::Entity::find_by_id(student_id).one(txn).await?;
+    Ok(match student {
+        None => RecordError::StudentMissing(student_id),
+        Some(student) => match student.user_id {
+            Some(linked) => RecordError::LinkConflict {
+                student_id,
+                linked,
+                returned,
+            },
+            None => RecordError::NotLinked {
+                student_id,
+                returned,
+            },
+        },
+    })
 }
 
 /// Gives a row back as `pending` after a transient failure, not before `delay` from now.
@@ -361,45 +436,73 @@ fn without_lease(update: UpdateMany<outbox::Entity>) -> UpdateMany<outbox::Entit
 
 /// The claim on PostgreSQL: `FOR UPDATE SKIP LOCKED`, lease times from the database clock.
 static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
-    let (pending, processing) = (
-        literal(OutboxStatus::Pending),
-        literal(OutboxStatus::Processing),
-    );
     format!(
         r#"UPDATE outbox
               SET status = {processing}, locked_by = $1,
                   locked_until = now() + $2 * interval '1 millisecond',
                   attempts = attempts + 1
             WHERE id IN (
-                  SELECT id FROM outbox
-                   WHERE (status = {pending} AND available_at <= now())
-                      OR (status = {processing} AND locked_until < now())
-                   ORDER BY id
+                  SELECT candidate.id FROM outbox AS candidate
+                   WHERE ((candidate.status = {pending} AND candidate.available_at <= now())
+                       OR (candidate.status = {processing} AND candidate.locked_until < now()))
+                     AND {in_order}
+                   ORDER BY candidate.id
                    LIMIT $3
-                     FOR UPDATE SKIP LOCKED)
-        RETURNING {}"#,
-        outbox_columns()
+                     FOR UPDATE OF candidate SKIP LOCKED)
+        RETURNING {columns}"#,
+        processing = literal(OutboxStatus::Processing),
+        pending = literal(OutboxStatus::Pending),
+        in_order = *EARLIER_ROWS_DONE,
+        columns = outbox_columns()
     )
 });
 
 /// The claim on SQLite: one UPDATE under the single write lock, times bound by the caller.
 static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| {
-    let (pending, processing) = (
-        literal(OutboxStatus::Pending),
-        literal(OutboxStatus::Processing),
-    );
     format!(
         r#"UPDATE outbox
               SET status = {processing}, locked_by = ?, locked_until = ?,
                   attempts = attempts + 1
             WHERE id IN (
-                  SELECT id FROM outbox
-                   WHERE (status = {pending} AND available_at <= ?)
-                      OR (status = {processing} AND locked_until < ?)
-                   ORDER BY id
+                  SELECT candidate.id FROM outbox AS candidate
+                   WHERE ((candidate.status = {pending} AND candidate.available_at <= ?)
+                       OR (candidate.status = {processing} AND candidate.locked_until < ?))
+                     AND {in_order}
+                   ORDER BY candidate.id
                    LIMIT ?)
-        RETURNING {}"#,
-        outbox_columns()
+        RETURNING {columns}"#,
+        processing = literal(OutboxStatus::Processing),
+        pending = literal(OutboxStatus::Pending),
+        in_order = *EARLIER_ROWS_DONE,
+        columns = outbox_columns()
+    )
+});
+
+/// Per-student order: a row is claimable only when every earlier row of its student (a
+/// lower `aggregate_version`) is `done`. A failed or waiting row holds back the later rows
+/// of its own student, never anyone else's. Served by the partial index
+/// `outbox_unfinished_by_student`.
+static EARLIER_ROWS_DONE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM outbox AS earlier \
+                      WHERE earlier.aggregate_id = candidate.aggregate_id \
+                        AND earlier.aggregate_version < candidate.aggregate_version \
+                        AND earlier.status <> {done})",
+        done = literal(OutboxStatus::Done)
+    )
+});
+
+/// Rows held back behind an earlier `failed` row of their student.
+static BLOCKED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT COUNT(*) AS blocked FROM outbox AS candidate \
+          WHERE candidate.status = {pending} \
+            AND EXISTS (SELECT 1 FROM outbox AS earlier \
+                         WHERE earlier.aggregate_id = candidate.aggregate_id \
+                           AND earlier.aggregate_version < candidate.aggregate_version \
+                           AND earlier.status = {failed})",
+        pending = literal(OutboxStatus::Pending),
+        failed = literal(OutboxStatus::Failed),
     )
 });
 
@@ -434,6 +537,9 @@ pub struct OutboxReport {
     /// `pending` rows that failed at least once and are waiting to be retried (Users down,
     /// overloaded, or refusing the relay's token: the relay's log says which).
     pub retrying: i64,
+    /// Rows held back behind an earlier `failed` row of their student (their status is
+    /// `pending`; they are not counted in `pending`).
+    pub blocked: i64,
 }
 
 /// Reads the [`OutboxReport`].
@@ -464,6 +570,17 @@ pub async fn report(db: &DatabaseConnection) -> Result<OutboxReport, DbErr> {
     if let Some(row) = oldest {
         report.oldest_pending_age_seconds = Ord::max((now() - row.created_at).num_seconds(), 0);
     }
+    let blocked = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            BLOCKED.as_str(),
+        ))
+        .await?
+        .map(|row| row.try_get::<i64>("", "blocked"))
+        .transpose()?
+        .unwrap_or(0);
+    report.blocked = blocked;
+    report.pending -= blocked;
     report.retrying = i64::try_from(
         outbox::Entity::find()
             .filter(outbox::Column::Status.eq(OutboxStatus::Pending))

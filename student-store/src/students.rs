@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::{
     OUTBOX_CHANNEL,
-    effect::{CREATE_USER, CreateUserPayload, Effect},
+    effect::{CREATE_USER, CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
     entity::{
         outbox::{self, OutboxStatus},
         students,
@@ -76,11 +76,39 @@ pub async fn create(db: &DatabaseConnection, new: NewStudentRow) -> Result<Stude
         request_hash: Set(new.request_hash),
         created_at: Set(new.created_at),
         updated_at: Set(new.created_at),
+        version: Set(1),
+        synced_version: Set(0),
+        active: Set(true),
     }
     .insert(&txn)
     .await?;
-    let create_user = outbox::ActiveModel {
-        aggregate_id: Set(new.id),
+    let create_user = outbox_row(new.id, 1, &effect, None, new.created_at, available_at)
+        .insert(&txn)
+        .await?;
+    notify_relays(&txn).await?;
+    failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
+    // Crash point: before this commit nothing exists; after it, both rows do.
+    txn.commit().await?;
+    failpoint::hit(failpoint::points::STUDENT_AFTER_COMMIT).await;
+    Ok(StudentView {
+        student,
+        create_user: Some(create_user),
+    })
+}
+
+/// A new `pending` outbox row for `effect`, carrying the student's `version`.
+fn outbox_row(
+    student_id: Uuid,
+    version: i64,
+    effect: &Effect,
+    client: Option<(String, String)>,
+    created_at: DateTime<Utc>,
+    available_at: sea_orm::ActiveValue<DateTime<Utc>>,
+) -> outbox::ActiveModel {
+    let (client_key, request_hash) = client.unzip();
+    outbox::ActiveModel {
+        aggregate_id: Set(student_id),
+        aggregate_version: Set(version),
         effect_type: Set(effect.effect_type().to_owned()),
         payload: Set(effect.payload()),
         // Generated here, once: every delivery attempt sends this same key, which is what
@@ -94,23 +122,179 @@ pub async fn create(db: &DatabaseConnection, new: NewStudentRow) -> Result<Stude
         available_at,
         locked_until: Set(None),
         locked_by: Set(None),
-        created_at: Set(new.created_at),
+        created_at: Set(created_at),
         processed_at: Set(None),
         result: Set(None),
         failure_kind: Set(None),
+        client_key: Set(client_key),
+        request_hash: Set(request_hash),
         ..Default::default()
     }
+}
+
+/// A change to an existing student.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// New names and e-mail (the document number never changes).
+    Update {
+        first_name: String,
+        last_name: String,
+        email: String,
+    },
+    Deactivate,
+}
+
+/// A change as asked for, validated by the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeRequest {
+    pub student_id: Uuid,
+    pub change: Change,
+    /// Apply only to this version (optimistic concurrency), when given.
+    pub expected_version: Option<i64>,
+    /// The caller's key and the request's fingerprint, stored on the outbox row.
+    pub client: Option<(String, String)>,
+    pub at: DateTime<Utc>,
+}
+
+/// What became of a change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeOutcome {
+    /// Accepted: the student's new version and its outbox row are committed.
+    Changed(StudentView),
+    /// It would change nothing (the same values, or deactivating an inactive student):
+    /// nothing was written, no version spent.
+    Unchanged(StudentView),
+}
+
+/// Why a change was refused. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error("student {0} not found")]
+    NotFound(Uuid),
+    #[error("the student is at version {current}, not {expected}")]
+    VersionMismatch { expected: i64, current: i64 },
+    #[error("the student is inactive")]
+    Inactive,
+    #[error(transparent)]
+    Db(#[from] DbErr),
+}
+
+/// Applies a change to a student and writes the effect it decides (`update-user` or
+/// `disable-user`, carrying the student's new version) in ONE transaction.
+///
+/// The student row is locked for the transaction (`FOR UPDATE` on PostgreSQL, the write
+/// lock on SQLite), so concurrent changes of one student are applied one after the other,
+/// each with its own version; that is also what orders the student's outbox rows.
+pub async fn change(
+    db: &DatabaseConnection,
+    request: ChangeRequest,
+) -> Result<ChangeOutcome, ChangeError> {
+    let txn = begin_write(db).await?;
+    let student = students::Entity::find_by_id(request.student_id)
+        .lock_exclusive()
+        .one(&txn)
+        .await?
+        .ok_or(ChangeError::NotFound(request.student_id))?;
+    if let Some(expected) = request.expected_version
+        && expected != student.version
+    {
+        return Err(ChangeError::VersionMismatch {
+            expected,
+            current: student.version,
+        });
+    }
+    let version = student.version + 1;
+    let (changed, effect) = match &request.change {
+        Change::Deactivate if !student.active => return unchanged(db, student).await,
+        Change::Update { .. } if !student.active => return Err(ChangeError::Inactive),
+        Change::Update {
+            first_name,
+            last_name,
+            email,
+        } => {
+            if (first_name, last_name, email)
+                == (&student.first_name, &student.last_name, &student.email)
+            {
+                return unchanged(db, student).await;
+            }
+            let effect = Effect::UpdateUser(UpdateUserPayload {
+                version: UpdateUserPayload::VERSION,
+                student_id: student.id,
+                first_name: first_name.clone(),
+                last_name: last_name.clone(),
+                email: email.clone(),
+                source_version: u64::try_from(version).unwrap_or_default(),
+            });
+            let changed = students::ActiveModel {
+                first_name: Set(first_name.clone()),
+                last_name: Set(last_name.clone()),
+                email: Set(email.clone()),
+                ..Default::default()
+            };
+            (changed, effect)
+        }
+        Change::Deactivate => {
+            let effect = Effect::DisableUser(DisableUserPayload {
+                version: DisableUserPayload::VERSION,
+                student_id: student.id,
+                source_version: u64::try_from(version).unwrap_or_default(),
+            });
+            let changed = students::ActiveModel {
+                active: Set(false),
+                ..Default::default()
+            };
+            (changed, effect)
+        }
+    };
+    let student = students::ActiveModel {
+        id: Set(student.id),
+        version: Set(version),
+        updated_at: Set(request.at),
+        ..changed
+    }
+    .update(&txn)
+    .await?;
+    let available_at = match db.get_database_backend() {
+        DbBackend::Postgres => NotSet,
+        _ => Set(request.at),
+    };
+    outbox_row(
+        student.id,
+        version,
+        &effect,
+        request.client,
+        request.at,
+        available_at,
+    )
     .insert(&txn)
     .await?;
     notify_relays(&txn).await?;
-    failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
-    // Crash point: before this commit nothing exists; after it, both rows do.
+    // Crash point: before this commit neither the new version nor its effect exists; after
+    // it, both do, and the relay will deliver the effect after every earlier one.
     txn.commit().await?;
-    failpoint::hit(failpoint::points::STUDENT_AFTER_COMMIT).await;
-    Ok(StudentView {
-        student,
-        create_user: Some(create_user),
-    })
+    Ok(ChangeOutcome::Changed(with_create_user(db, student).await?))
+}
+
+async fn unchanged(
+    db: &DatabaseConnection,
+    student: students::Model,
+) -> Result<ChangeOutcome, ChangeError> {
+    Ok(ChangeOutcome::Unchanged(
+        with_create_user(db, student).await?,
+    ))
+}
+
+/// The change a caller's UpdateStudent or DeactivateStudent key decided, if any: its
+/// student and the fingerprint of the request.
+pub async fn find_change_by_client_key(
+    db: &DatabaseConnection,
+    client_key: &str,
+) -> Result<Option<(Uuid, Option<String>)>, DbErr> {
+    Ok(outbox::Entity::find()
+        .filter(outbox::Column::ClientKey.eq(client_key))
+        .one(db)
+        .await?
+        .map(|row| (row.aggregate_id, row.request_hash)))
 }
 
 /// On PostgreSQL, wakes the relays LISTENing on [`OUTBOX_CHANNEL`] when `txn` commits

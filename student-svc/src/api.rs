@@ -2,8 +2,9 @@
 
 use platform::validate;
 use proto::student::v1::{
-    CreateStudentRequest, GetStudentRequest, ListStudentsRequest, ListStudentsResponse, Student,
-    UserLinkStatus, student_service_server::StudentService,
+    CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, ListStudentsRequest,
+    ListStudentsResponse, Student, UpdateStudentRequest, UserLinkStatus,
+    student_service_server::StudentService,
 };
 use sea_orm::DatabaseConnection;
 use tonic::{Request, Response, Status};
@@ -13,7 +14,11 @@ use student_store::{
     sync::{LinkState, link_state},
 };
 
-use crate::{error::Error, new_student::NewStudent, students};
+use crate::{
+    error::Error,
+    new_student::{NewStudent, StudentChange},
+    students,
+};
 
 /// Page size when the caller asks for none.
 const DEFAULT_PAGE_SIZE: u64 = 50;
@@ -40,6 +45,26 @@ impl StudentService for StudentApi {
     ) -> Result<Response<Student>, Status> {
         let new = NewStudent::try_from(request.into_inner())?;
         let view = students::create_student(&self.db, new).await?;
+        Ok(Response::new(encode(view)))
+    }
+
+    #[tracing::instrument(name = "UpdateStudent", skip_all)]
+    async fn update_student(
+        &self,
+        request: Request<UpdateStudentRequest>,
+    ) -> Result<Response<Student>, Status> {
+        let change = StudentChange::try_from(request.into_inner())?;
+        let view = students::change_student(&self.db, change).await?;
+        Ok(Response::new(encode(view)))
+    }
+
+    #[tracing::instrument(name = "DeactivateStudent", skip_all)]
+    async fn deactivate_student(
+        &self,
+        request: Request<DeactivateStudentRequest>,
+    ) -> Result<Response<Student>, Status> {
+        let change = StudentChange::try_from(request.into_inner())?;
+        let view = students::change_student(&self.db, change).await?;
         Ok(Response::new(encode(view)))
     }
 
@@ -104,5 +129,8 @@ fn encode(view: StudentView) -> Student {
         user_link_status: status.into(),
         link_error,
         created_at: Some(platform::timestamp::to_proto(student.created_at)),
+        version: u64::try_from(student.version).unwrap_or_default(),
+        synced_version: u64::try_from(student.synced_version).unwrap_or_default(),
+        active: student.active,
     }
 }

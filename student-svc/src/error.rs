@@ -17,6 +17,10 @@ pub enum Error {
     KeyReused,
     #[error("a student with this document_number already exists")]
     DocumentNumberTaken,
+    #[error("the student is at version {current}, not the expected {expected}")]
+    VersionMismatch { expected: i64, current: i64 },
+    #[error("the student is inactive and accepts no change")]
+    Inactive,
     #[error("database error")]
     Db(#[from] DbErr),
 }
@@ -42,6 +46,16 @@ impl From<Error> for Status {
                 Code::AlreadyExists,
                 message,
                 "DOCUMENT_NUMBER_TAKEN",
+                DOMAIN,
+            ),
+            // AIP-154: a stale `expected_version` is ABORTED, to be retried after a re-read.
+            Error::VersionMismatch { .. } => {
+                status::with_reason(Code::Aborted, message, "VERSION_MISMATCH", DOMAIN)
+            }
+            Error::Inactive => status::with_reason(
+                Code::FailedPrecondition,
+                message,
+                "STUDENT_INACTIVE",
                 DOMAIN,
             ),
             // The cause goes to the log, never to the caller: it may hold SQL or data.
@@ -77,12 +91,27 @@ mod tests {
                 Code::AlreadyExists,
                 "a student with this document_number already exists",
             ),
+            (
+                Error::VersionMismatch {
+                    expected: 2,
+                    current: 3,
+                },
+                Code::Aborted,
+                "the student is at version 3, not the expected 2",
+            ),
+            (
+                Error::Inactive,
+                Code::FailedPrecondition,
+                "the student is inactive and accepts no change",
+            ),
         ];
         let reasons = [
             None,
             Some("STUDENT_NOT_FOUND"),
             Some("IDEMPOTENCY_KEY_REUSED"),
             Some("DOCUMENT_NUMBER_TAKEN"),
+            Some("VERSION_MISMATCH"),
+            Some("STUDENT_INACTIVE"),
         ];
         for ((err, code, message), reason) in cases.into_iter().zip(reasons) {
             let status = Status::from(err);

@@ -1,7 +1,10 @@
-//! A CreateStudent request that passed validation.
+//! Student requests that passed validation: CreateStudent, UpdateStudent and
+//! DeactivateStudent.
 
 use platform::{fingerprint::Fingerprint, validate};
-use proto::student::v1::CreateStudentRequest;
+use proto::student::v1::{CreateStudentRequest, DeactivateStudentRequest, UpdateStudentRequest};
+use student_store::students::Change;
+use uuid::Uuid;
 
 use crate::error::Error;
 
@@ -47,6 +50,91 @@ impl NewStudent {
             .field(&self.email)
             .field(&self.document_number)
             .finish()
+    }
+}
+
+/// A valid UpdateStudent or DeactivateStudent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StudentChange {
+    pub id: Uuid,
+    pub change: Change,
+    /// Apply only at this version; `None` for any (the request's 0).
+    pub expected_version: Option<i64>,
+    /// The caller's key for retrying this call, if any.
+    pub client_key: Option<String>,
+}
+
+impl TryFrom<UpdateStudentRequest> for StudentChange {
+    type Error = Error;
+
+    fn try_from(request: UpdateStudentRequest) -> Result<Self, Error> {
+        let id = validate::uuid("id", &request.id)?;
+        validate::name("first_name", &request.first_name)?;
+        validate::name("last_name", &request.last_name)?;
+        validate::email("email", &request.email)?;
+        if let Some(key) = &request.idempotency_key {
+            validate::idempotency_key("idempotency_key", key)?;
+        }
+        let expected_version = match request.expected_version {
+            0 => None,
+            version => Some(i64::try_from(version).map_err(|_| {
+                validate::FieldViolation::new("expected_version", "is not a version")
+            })?),
+        };
+        Ok(Self {
+            id,
+            change: Change::Update {
+                first_name: request.first_name,
+                last_name: request.last_name,
+                email: request.email,
+            },
+            expected_version,
+            client_key: request.idempotency_key,
+        })
+    }
+}
+
+impl TryFrom<DeactivateStudentRequest> for StudentChange {
+    type Error = Error;
+
+    fn try_from(request: DeactivateStudentRequest) -> Result<Self, Error> {
+        let id = validate::uuid("id", &request.id)?;
+        if let Some(key) = &request.idempotency_key {
+            validate::idempotency_key("idempotency_key", key)?;
+        }
+        Ok(Self {
+            id,
+            change: Change::Deactivate,
+            expected_version: None,
+            client_key: request.idempotency_key,
+        })
+    }
+}
+
+impl StudentChange {
+    /// Fingerprint of what was asked for (never the key): a tag naming the RPC, then its
+    /// fields, so a key reused across RPCs or with other fields is told from a retry.
+    pub fn request_hash(&self) -> String {
+        let id = self.id.hyphenated().to_string();
+        let expected = self.expected_version.unwrap_or(0).to_string();
+        match &self.change {
+            Change::Update {
+                first_name,
+                last_name,
+                email,
+            } => Fingerprint::new()
+                .field("update-student")
+                .field(&id)
+                .field(first_name)
+                .field(last_name)
+                .field(email)
+                .field(&expected)
+                .finish(),
+            Change::Deactivate => Fingerprint::new()
+                .field("deactivate-student")
+                .field(&id)
+                .finish(),
+        }
     }
 }
 

@@ -7,10 +7,16 @@ use platform::{
     redact,
 };
 use sea_orm::DatabaseConnection;
-use student_store::students::{self as store, NewStudentRow, StudentPage, StudentView};
+use student_store::students::{
+    self as store, ChangeError, ChangeOutcome, ChangeRequest, NewStudentRow, StudentPage,
+    StudentView,
+};
 use uuid::Uuid;
 
-use crate::{error::Error, new_student::NewStudent};
+use crate::{
+    error::Error,
+    new_student::{NewStudent, StudentChange},
+};
 
 /// Creates a student and its `create-user` outbox row in ONE transaction.
 ///
@@ -70,12 +76,89 @@ async fn replay_client_key(
         return Ok(None);
     };
     let Some(view) = store::find_by_client_key(db, key).await? else {
+        // The key of an UpdateStudent or DeactivateStudent is another request.
+        if store::find_change_by_client_key(db, key).await?.is_some() {
+            return Err(Error::KeyReused);
+        }
         return Ok(None);
     };
     if view.student.request_hash != request_hash {
         return Err(Error::KeyReused);
     }
     Ok(Some(view))
+}
+
+/// Changes a student (UpdateStudent, DeactivateStudent): the new version and the effect it
+/// decides for Users are committed together (in [`student_store::students::change`]).
+///
+/// The caller's key is checked first, before any rule: a retry of an accepted change gets
+/// the student back, as it is now, even though its `expected_version` is no longer
+/// current. A change that changes nothing writes nothing and spends no version.
+#[tracing::instrument(skip_all, fields(student_id = %change.id), err(level = "debug"))]
+pub async fn change_student(
+    db: &DatabaseConnection,
+    change: StudentChange,
+) -> Result<StudentView, Error> {
+    let request_hash = change.request_hash();
+    if let Some(view) = replay_change_key(db, &change, &request_hash).await? {
+        return Ok(view);
+    }
+    let request = ChangeRequest {
+        student_id: change.id,
+        change: change.change.clone(),
+        expected_version: change.expected_version,
+        client: change
+            .client_key
+            .clone()
+            .map(|key| (key, request_hash.clone())),
+        at: now(),
+    };
+    match store::change(db, request).await {
+        Ok(ChangeOutcome::Changed(view)) => {
+            tracing::info!(
+                version = view.student.version,
+                active = view.student.active,
+                "student changed with pending effect"
+            );
+            Ok(view)
+        }
+        Ok(ChangeOutcome::Unchanged(view)) => Ok(view),
+        Err(ChangeError::NotFound(id)) => Err(Error::NotFound(id)),
+        Err(ChangeError::VersionMismatch { expected, current }) => {
+            Err(Error::VersionMismatch { expected, current })
+        }
+        Err(ChangeError::Inactive) => Err(Error::Inactive),
+        Err(ChangeError::Db(err)) if is_unique_violation(&err) => {
+            // Only the client key can collide: a concurrent request with it committed
+            // first. The same request gets its answer; another one, KeyReused.
+            replay_change_key(db, &change, &request_hash)
+                .await?
+                .ok_or(Error::Db(err))
+        }
+        Err(ChangeError::Db(err)) => Err(err.into()),
+    }
+}
+
+/// Answers a retried change from what its key already did, if anything.
+async fn replay_change_key(
+    db: &DatabaseConnection,
+    change: &StudentChange,
+    request_hash: &str,
+) -> Result<Option<StudentView>, Error> {
+    let Some(key) = &change.client_key else {
+        return Ok(None);
+    };
+    if let Some((student_id, stored_hash)) = store::find_change_by_client_key(db, key).await? {
+        if student_id != change.id || stored_hash.as_deref() != Some(request_hash) {
+            return Err(Error::KeyReused);
+        }
+        return get_student(db, student_id).await.map(Some);
+    }
+    // The key of a CreateStudent is another request.
+    if store::find_by_client_key(db, key).await?.is_some() {
+        return Err(Error::KeyReused);
+    }
+    Ok(None)
 }
 
 /// Returns one student.

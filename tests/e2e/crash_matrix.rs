@@ -30,6 +30,8 @@ on_both_backends!(
     a_relay_whose_lease_expired_finishes_late_without_harm,
     users_slower_than_the_deadline_is_retried_and_creates_once,
     a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key,
+    changes_survive_a_relay_dying_after_users_answered_before_finalize,
+    changes_survive_users_dying_after_its_commit,
 );
 
 fn armed(point: &str, action: &str) -> String {
@@ -433,4 +435,97 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
         (1, 3),
         "one user; three keys judged"
     );
+}
+
+/// A linked student, then (no relay running) an update and a deactivation: two rows waiting,
+/// in order.
+async fn a_student_with_two_changes_waiting(stack: &mut Stack) -> String {
+    let id = stack.create_students(0..1).await.remove(0);
+    stack.wait_until_all_linked(1).await;
+    stack.kill_relays();
+    assert_eq!(stack.rename_student(&id, "Renamed").await, 2);
+    assert_eq!(stack.deactivate_student(&id).await, 3);
+    id
+}
+
+/// Every change reached Users once, in order, and `relay replay` agrees for each effect.
+async fn assert_changes_applied_once(stack: &mut Stack, id: &str) {
+    stack.wait_until_all_synced(1).await;
+    stack.stop_relays(std::time::Duration::from_secs(15));
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    let student = stack
+        .student_client()
+        .get_student(GetStudentRequest { id: id.to_owned() })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(
+        (student.version, student.synced_version, student.active),
+        (3, 3, false)
+    );
+    let replay = stack.relay_command(&["replay", "--all"]);
+    let stdout = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(replay.status.code(), Some(0), "{stdout}");
+    let effects: Vec<&str> = stdout
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(
+        effects,
+        [
+            "effect=create-user",
+            "effect=update-user",
+            "effect=disable-user",
+            "matched=3"
+        ]
+    );
+}
+
+async fn changes_survive_a_relay_dying_after_users_answered_before_finalize(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let id = a_student_with_two_changes_waiting(&mut stack).await;
+    // Users applies the update; the relay dies before recording it.
+    stack.start_relay(Some(&armed(points::RELAY_BEFORE_FINALIZE, "abort")), &[]);
+    let relay = stack.relays.len() - 1;
+    stack.wait_for_relay_abort(relay);
+    let row = stack.outbox_rows().await.remove(1);
+    assert_eq!(
+        (row.effect_type.as_str(), row.status),
+        ("update-user", OutboxStatus::Processing)
+    );
+    // The next relay redelivers it (Users answers from its inbox), then the deactivation.
+    stack.start_relay(None, &[]);
+    assert_changes_applied_once(&mut stack, &id).await;
+    let log = stack.relay_log();
+    let update = first_line_with(&log, "effect=\"update-user\"");
+    assert!(update.contains("from_inbox=true"), "{update}");
+}
+
+async fn changes_survive_users_dying_after_its_commit(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let id = a_student_with_two_changes_waiting(&mut stack).await;
+    // Users commits the update, then dies before answering; then the same for the
+    // deactivation.
+    for effect in ["update-user", "disable-user"] {
+        stack
+            .restart_users(Some(&armed(points::USERS_AFTER_COMMIT, "1*abort")))
+            .await;
+        if stack.relays.is_empty() {
+            stack.start_relay(None, &[]);
+        }
+        stack.wait_for_users_abort();
+        let executed = stack
+            .outbox_rows()
+            .await
+            .into_iter()
+            .find(|row| row.effect_type == effect)
+            .expect("the row");
+        assert_ne!(executed.status, OutboxStatus::Done, "{effect}: answer lost");
+    }
+    stack.restart_users(None).await;
+    assert_changes_applied_once(&mut stack, &id).await;
 }

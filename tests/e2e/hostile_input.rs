@@ -18,8 +18,10 @@ use proptest::{
     test_runner::{Config, TestCaseError, TestRunner},
 };
 use proto::{
-    student::v1::{CreateStudentRequest, GetStudentRequest, ListStudentsRequest},
-    users::v1::{CreateUserRequest, GetUserRequest},
+    student::v1::{
+        CreateStudentRequest, GetStudentRequest, ListStudentsRequest, UpdateStudentRequest,
+    },
+    users::v1::{CreateUserRequest, GetUserRequest, UpdateUserRequest},
 };
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
@@ -50,6 +52,8 @@ macro_rules! property_on_both_backends {
 property_on_both_backends!(
     create_user_fields_are_accepted_or_named,
     create_student_fields_are_accepted_or_named,
+    update_student_fields_are_accepted_or_named,
+    update_user_fields_are_accepted_or_named,
     lookup_ids_and_page_tokens_are_accepted_or_named,
 );
 
@@ -265,6 +269,151 @@ fn create_student_fields_are_accepted_or_named(backend: Backend) {
                         if seen_before
                             && field == 4
                             && status.code() == Code::FailedPrecondition =>
+                    {
+                        prop_assert_eq!(after, before);
+                    }
+                    Err(status) => prop_assert!(false, "unexpected answer {:?}", status),
+                }
+                Ok(())
+            })
+        },
+    );
+}
+
+const UPDATE_STUDENT_FIELDS: [&str; 5] =
+    ["id", "first_name", "last_name", "email", "idempotency_key"];
+
+fn update_student_fields_are_accepted_or_named(backend: Backend) {
+    let keys = Arc::new(Mutex::new(HashSet::new()));
+    run_property(
+        backend,
+        (0..UPDATE_STUDENT_FIELDS.len(), hostile()),
+        |app, (field, value), n| {
+            let keys = keys.clone();
+            Box::pin(async move {
+                let student = app
+                    .student
+                    .clone()
+                    .create_student(student_request(n))
+                    .await
+                    .map_err(|status| TestCaseError::fail(format!("create: {status:?}")))?
+                    .into_inner();
+                let mut request = UpdateStudentRequest {
+                    id: student.id.clone(),
+                    first_name: "Changed".into(),
+                    last_name: "Name".into(),
+                    email: format!("changed.{n}@example.edu"),
+                    idempotency_key: Some(format!("prop-change-{n}")),
+                    expected_version: 0,
+                };
+                match field {
+                    0 => request.id = value.clone(),
+                    1 => request.first_name = value.clone(),
+                    2 => request.last_name = value.clone(),
+                    3 => request.email = value.clone(),
+                    _ => request.idempotency_key = Some(value.clone()),
+                }
+                let key = request.idempotency_key.clone();
+                let before = students_and_outbox_rows(&app.student_db).await;
+                let answer = app.student.clone().update_student(request).await;
+                let after = students_and_outbox_rows(&app.student_db).await;
+                match answer {
+                    Ok(updated) => {
+                        prop_assert_eq!(updated.into_inner().version, 2);
+                        prop_assert_eq!(after, (before.0, before.1 + 1), "one outbox row");
+                        keys.lock().expect("lock").insert(key);
+                    }
+                    Err(status) if status.code() == Code::InvalidArgument => {
+                        names_field(&status, UPDATE_STUDENT_FIELDS[field])?;
+                        prop_assert_eq!(after, before, "nothing stored");
+                    }
+                    // A well-formed id of no student.
+                    Err(status) if field == 0 && status.code() == Code::NotFound => {
+                        prop_assert_eq!(after, before);
+                    }
+                    // The same random key twice, with another request.
+                    Err(status)
+                        if field == 4
+                            && status.code() == Code::FailedPrecondition
+                            && keys.lock().expect("lock").contains(&key) =>
+                    {
+                        prop_assert_eq!(after, before);
+                    }
+                    Err(status) => prop_assert!(false, "unexpected answer {:?}", status),
+                }
+                Ok(())
+            })
+        },
+    );
+}
+
+const UPDATE_USER_FIELDS: [&str; 5] = [
+    "idempotency_key",
+    "student_id",
+    "first_name",
+    "last_name",
+    "email",
+];
+
+fn update_user_fields_are_accepted_or_named(backend: Backend) {
+    let keys = Arc::new(Mutex::new(HashSet::new()));
+    run_property(
+        backend,
+        (0..UPDATE_USER_FIELDS.len(), hostile()),
+        |app, (field, value), n| {
+            let keys = keys.clone();
+            Box::pin(async move {
+                let student_id = uuid::Uuid::now_v7().to_string();
+                app.users
+                    .clone()
+                    .create_user(CreateUserRequest {
+                        idempotency_key: format!("prop-create-{n}"),
+                        email: "ana@example.edu".into(),
+                        first_name: "Ana".into(),
+                        last_name: "Pérez".into(),
+                        document_number: format!("DOC-U{n}"),
+                        student_id: student_id.clone(),
+                    })
+                    .await
+                    .map_err(|status| TestCaseError::fail(format!("create: {status:?}")))?;
+                let mut request = UpdateUserRequest {
+                    idempotency_key: format!("prop-update-{n}"),
+                    student_id,
+                    first_name: "Changed".into(),
+                    last_name: "Name".into(),
+                    email: "changed@example.edu".into(),
+                    source_version: 2,
+                };
+                let slot = match field {
+                    0 => &mut request.idempotency_key,
+                    1 => &mut request.student_id,
+                    2 => &mut request.first_name,
+                    3 => &mut request.last_name,
+                    _ => &mut request.email,
+                };
+                *slot = value.clone();
+                let key = request.idempotency_key.clone();
+                let before = users_and_inbox_rows(&app.users_db).await;
+                let answer = app.users.clone().update_user(request).await;
+                let after = users_and_inbox_rows(&app.users_db).await;
+                match answer {
+                    Ok(response) => {
+                        prop_assert!(response.into_inner().applied);
+                        prop_assert_eq!(after, (before.0, before.1 + 1), "one inbox row");
+                        keys.lock().expect("lock").insert(key);
+                    }
+                    Err(status) if status.code() == Code::InvalidArgument => {
+                        names_field(&status, UPDATE_USER_FIELDS[field])?;
+                        prop_assert_eq!(after, before, "nothing stored");
+                    }
+                    // A well-formed student id with no user.
+                    Err(status) if field == 1 && status.code() == Code::NotFound => {
+                        prop_assert_eq!(after, before);
+                    }
+                    Err(status)
+                        if field == 0
+                            && status.code() == Code::FailedPrecondition
+                            && keys.lock().expect("lock").contains(&key) =>
                     {
                         prop_assert_eq!(after, before);
                     }

@@ -14,5 +14,7 @@ mod reflection;
 mod relay_claims;
 mod relay_delivery;
 mod security;
+mod student_changes;
 mod student_service;
+mod user_changes;
 mod users_service;

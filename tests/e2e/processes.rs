@@ -65,7 +65,7 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     assert_eq!(lines.len(), 21);
     for (line, row) in lines.iter().zip(stack.outbox_rows().await) {
         let expected = format!(
-            "key={} student={} user={} from_inbox=true matches_link=true",
+            "key={} effect=create-user student={} user={} from_inbox=true matches_link=true",
             row.idempotency_key, row.aggregate_id, links[&row.aggregate_id]
         );
         assert_eq!(*line, expected);
@@ -81,7 +81,7 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     assert_eq!(status.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&status.stdout),
-        "pending 0\nprocessing 0\ndone 20\nfailed 0\noldest_pending_age_seconds 0\nretrying 0\n"
+        "pending 0\nprocessing 0\ndone 20\nfailed 0\noldest_pending_age_seconds 0\nretrying 0\nblocked 0\n"
     );
 }
 

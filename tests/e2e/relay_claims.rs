@@ -374,6 +374,7 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
     create_students(&app, 0..1).await;
     let db = &app.student_db;
     let user = uuid::Uuid::now_v7();
+    let created = store::Delivered::UserCreated(user);
     let unlinked = |row: &outbox::Model| {
         let student_id = row.aggregate_id;
         async move {
@@ -400,7 +401,7 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
     })
     .await;
     assert_eq!(by_b.id, by_a.id);
-    let late = store::record_delivery(db, &by_a, "relay-a", user).await;
+    let late = store::record_delivery(db, &by_a, "relay-a", created).await;
     assert!(
         matches!(late, Err(store::RecordError::ClaimLost(id)) if id == by_a.id),
         "{late:?}"
@@ -453,7 +454,7 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
         .expect("fail")
     );
     let failed = rows(&app).await.remove(1);
-    let late = store::record_delivery(db, &by_c, "relay-c", user).await;
+    let late = store::record_delivery(db, &by_c, "relay-c", created).await;
     assert!(
         matches!(late, Err(store::RecordError::ClaimLost(_))),
         "{late:?}"
@@ -468,7 +469,7 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
             .expect("redrive")
     );
     let rekeyed = rows(&app).await.remove(1);
-    let late = store::record_delivery(db, &by_c, "relay-c", user).await;
+    let late = store::record_delivery(db, &by_c, "relay-c", created).await;
     assert!(
         matches!(late, Err(store::RecordError::ClaimLost(_))),
         "{late:?}"
@@ -481,7 +482,7 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
     assert!(unlinked(&by_c).await);
 
     // The relay that does hold a row still records it.
-    store::record_delivery(db, &by_b, "relay-b", user)
+    store::record_delivery(db, &by_b, "relay-b", created)
         .await
         .expect("B holds the row");
     let done = rows(&app).await.remove(0);

@@ -479,7 +479,7 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
         .iter()
         .map(|row| {
             format!(
-                "key={} student={} user={} from_inbox=true matches_link=true",
+                "key={} effect=create-user student={} user={} from_inbox=true matches_link=true",
                 row.idempotency_key, row.aggregate_id, links[&row.aggregate_id]
             )
         })

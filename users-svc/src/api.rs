@@ -2,16 +2,20 @@
 
 use platform::validate;
 use proto::users::v1::{
-    CreateUserRequest, CreateUserResponse, GetUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
-    User, users_service_server::UsersService,
+    CreateUserRequest, CreateUserResponse, DisableUserRequest, DisableUserResponse, GetUserRequest,
+    REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest, UpdateUserResponse, User,
+    users_service_server::UsersService,
 };
 use sea_orm::{DatabaseConnection, EntityTrait};
 use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
+use uuid::Uuid;
 
 use crate::{
-    create_user::{self, Answer, Mode},
+    change_user::{self, UserChange},
+    create_user,
     entity::{inbox::SavedOutcome, users},
     error::Error,
+    inbox::{Answer, Mode},
     new_user::NewUser,
 };
 
@@ -34,19 +38,49 @@ impl UsersService for UsersApi {
         request: Request<CreateUserRequest>,
     ) -> Result<Response<CreateUserResponse>, Status> {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let replay_only = request
-            .metadata()
-            .get(REPLAY_ONLY_HEADER)
-            .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| value.eq_ignore_ascii_case("true"));
-        let mode = if replay_only {
-            Mode::ReplayOnly
-        } else {
-            Mode::Execute
-        };
+        let mode = mode(&request);
         let new = NewUser::try_from(request.into_inner())?;
         let answer = create_user::create_user(&self.db, new, mode).await?;
-        encode_answer(answer)
+        encode_answer(answer, |outcome| match outcome {
+            SavedOutcome::Created { user_id } => Some(CreateUserResponse {
+                user_id: user_id.to_string(),
+            }),
+            _ => None,
+        })
+    }
+
+    #[tracing::instrument(name = "UpdateUser", skip_all)]
+    async fn update_user(
+        &self,
+        request: Request<UpdateUserRequest>,
+    ) -> Result<Response<UpdateUserResponse>, Status> {
+        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+        let mode = mode(&request);
+        let change = UserChange::try_from(request.into_inner())?;
+        let answer = change_user::change_user(&self.db, change, mode).await?;
+        encode_answer(answer, |outcome| {
+            applied(outcome).map(|(user_id, applied)| UpdateUserResponse {
+                user_id: user_id.to_string(),
+                applied,
+            })
+        })
+    }
+
+    #[tracing::instrument(name = "DisableUser", skip_all)]
+    async fn disable_user(
+        &self,
+        request: Request<DisableUserRequest>,
+    ) -> Result<Response<DisableUserResponse>, Status> {
+        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+        let mode = mode(&request);
+        let change = UserChange::try_from(request.into_inner())?;
+        let answer = change_user::change_user(&self.db, change, mode).await?;
+        encode_answer(answer, |outcome| {
+            applied(outcome).map(|(user_id, applied)| DisableUserResponse {
+                user_id: user_id.to_string(),
+                applied,
+            })
+        })
     }
 
     #[tracing::instrument(name = "GetUser", skip_all)]
@@ -66,34 +100,64 @@ impl UsersService for UsersApi {
             student_id: user.student_id.to_string(),
             enabled: user.enabled,
             created_at: Some(platform::timestamp::to_proto(user.created_at)),
+            source_version: u64::try_from(user.source_version).unwrap_or_default(),
         }))
     }
 }
 
-/// Turns a saved or fresh answer into the gRPC reply, marking replays with the header.
-fn encode_answer(answer: Answer) -> Result<Response<CreateUserResponse>, Status> {
+/// [`Mode::ReplayOnly`] when the request carries `idempotency-replay-only: true`.
+fn mode<T>(request: &Request<T>) -> Mode {
+    let replay_only = request
+        .metadata()
+        .get(REPLAY_ONLY_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.eq_ignore_ascii_case("true"));
+    if replay_only {
+        Mode::ReplayOnly
+    } else {
+        Mode::Execute
+    }
+}
+
+fn applied(outcome: &SavedOutcome) -> Option<(Uuid, bool)> {
+    match outcome {
+        SavedOutcome::Applied { user_id, applied } => Some((*user_id, *applied)),
+        _ => None,
+    }
+}
+
+/// Turns a saved or fresh answer into the gRPC reply, marking replays with the header. A
+/// saved rejection becomes its status; `reply` encodes the RPC's own kind of success.
+fn encode_answer<R>(
+    answer: Answer,
+    reply: impl FnOnce(&SavedOutcome) -> Option<R>,
+) -> Result<Response<R>, Status> {
     let Answer { outcome, replayed } = answer;
-    let mut reply = match outcome {
-        SavedOutcome::Created { user_id } => Ok(Response::new(CreateUserResponse {
-            user_id: user_id.to_string(),
-        })),
-        SavedOutcome::Rejected {
-            code,
+    let mut result = match (&outcome, reply(&outcome)) {
+        (_, Some(message)) => Ok(Response::new(message)),
+        (
+            SavedOutcome::Rejected {
+                code,
+                reason,
+                message,
+            },
+            None,
+        ) => Err(platform::status::with_reason(
+            Code::from_i32(*code),
+            message.clone(),
             reason,
-            message,
-        } => Err(platform::status::with_reason(
-            Code::from_i32(code),
-            message,
-            &reason,
             crate::error::DOMAIN,
         )),
+        // The key's saved answer belongs to another RPC: its fingerprint tag makes this a
+        // different request, so it cannot happen; refuse rather than guess.
+        (_, None) => Err(Error::KeyReused.into()),
     };
     if replayed {
-        let metadata = match &mut reply {
+        let metadata = match &mut result {
             Ok(response) => response.metadata_mut(),
             Err(status) => status.metadata_mut(),
         };
         metadata.insert(REPLAYED_HEADER, MetadataValue::from_static("true"));
     }
-    reply
+    result
 }

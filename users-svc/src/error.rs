@@ -17,6 +17,8 @@ pub enum Error {
     NotInInbox,
     #[error("idempotency_key was already used with a different request")]
     KeyReused,
+    #[error("no user exists for student {0}")]
+    NoUserForStudent(Uuid),
     #[error("database error")]
     Db(#[from] DbErr),
 }
@@ -30,6 +32,9 @@ impl From<Error> for Status {
         match err {
             Error::InvalidArgument(violation) => status::invalid_argument(&violation),
             Error::NotFound(_) => {
+                status::with_reason(Code::NotFound, message, "USER_NOT_FOUND", DOMAIN)
+            }
+            Error::NoUserForStudent(_) => {
                 status::with_reason(Code::NotFound, message, "USER_NOT_FOUND", DOMAIN)
             }
             Error::NotInInbox => {

@@ -1,13 +1,15 @@
 //! The Users service (`users.v1.UsersService`). It owns the Users DB: `users` and the
-//! `inbox` that makes CreateUser idempotent, so a redelivered request returns the user
-//! created the first time instead of creating a second one. Nobody else reads or writes
-//! this database.
+//! `inbox` that makes CreateUser, UpdateUser and DisableUser idempotent, so a redelivered
+//! request returns the answer of the first execution instead of executing again. Nobody
+//! else reads or writes this database.
 
 mod api;
 pub mod auth;
+pub mod change_user;
 pub mod create_user;
 pub mod entity;
 mod error;
+pub mod inbox;
 mod new_user;
 
 use std::net::SocketAddr;

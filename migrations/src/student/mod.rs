@@ -8,6 +8,7 @@ mod m20261130_000003_add_outbox_failure_kind;
 mod m20261201_000004_document_number_unique_ignoring_case;
 mod m20261201_000005_outbox_available_at_from_database_clock;
 mod m20261201_000006_outbox_error_code;
+mod m20261201_000007_student_versions;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -22,6 +23,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000004_document_number_unique_ignoring_case::Migration),
             Box::new(m20261201_000005_outbox_available_at_from_database_clock::Migration),
             Box::new(m20261201_000006_outbox_error_code::Migration),
+            Box::new(m20261201_000007_student_versions::Migration),
         ]
     }
 }

@@ -5,6 +5,7 @@ use sea_orm_migration::prelude::*;
 mod m20261130_000001_create_users_table;
 mod m20261130_000002_create_inbox_table;
 mod m20261201_000003_enabled_document_number_unique_ignoring_case;
+mod m20261201_000004_user_source_version;
 
 /// Migrates the Users DB.
 pub struct Migrator;
@@ -16,6 +17,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_create_users_table::Migration),
             Box::new(m20261130_000002_create_inbox_table::Migration),
             Box::new(m20261201_000003_enabled_document_number_unique_ignoring_case::Migration),
+            Box::new(m20261201_000004_user_source_version::Migration),
         ]
     }
 }

@@ -13,6 +13,9 @@ pub struct Model {
     pub id: i64,
     /// The student the effect belongs to.
     pub aggregate_id: Uuid,
+    /// The student's version this effect carries: a student's rows are delivered in this
+    /// order, each only once every earlier one is `done`.
+    pub aggregate_version: i64,
     /// Which effect this is; with `payload` it decodes into an [`crate::effect::Effect`].
     pub effect_type: String,
     /// What Users needs, as decided at commit time, with a `version` of its format.
@@ -41,6 +44,10 @@ pub struct Model {
     /// (`DOCUMENT_NUMBER_TAKEN`), a gRPC code (`UNAVAILABLE`), or the relay's own
     /// (`LINK_CONFLICT`, `STUDENT_MISSING`, `UNKNOWN_EFFECT`, `UNREADABLE_PAYLOAD`).
     pub error_code: Option<String>,
+    /// The caller's key of the UpdateStudent or DeactivateStudent that decided this row.
+    pub client_key: Option<String>,
+    /// Fingerprint of that request, to tell its retry from the key reused.
+    pub request_hash: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

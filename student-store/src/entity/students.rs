@@ -19,6 +19,12 @@ pub struct Model {
     pub request_hash: String,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
+    /// 1 at creation, +1 per accepted change; each change's outbox row carries it.
+    pub version: i64,
+    /// The highest version Users has applied (equal to `version` when Users is up to date).
+    pub synced_version: i64,
+    /// False once deactivated; an inactive student accepts no change.
+    pub active: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -3,9 +3,12 @@
 use std::collections::HashMap;
 
 use sea_orm::{DatabaseConnection, EntityTrait, PaginatorTrait};
-use student_store::entity::{
-    outbox::{self, OutboxStatus},
-    students,
+use student_store::{
+    effect::CREATE_USER,
+    entity::{
+        outbox::{self, OutboxStatus},
+        students,
+    },
 };
 use users_svc::entity::{
     inbox::{self, SavedOutcome},
@@ -13,10 +16,12 @@ use users_svc::entity::{
 };
 use uuid::Uuid;
 
-/// Asserts that exactly `expected` students exist and each was linked exactly once: one
-/// user per student (with the student's id), one inbox row per outbox key whose saved
-/// answer is the linked user, every outbox row `done` with that user as its result, and
-/// nothing else in either database. Returns student id → user id.
+/// Asserts that exactly `expected` students exist and every effect they decided reached
+/// Users exactly once, in order: one user per student (with the student's id), linked to
+/// it, showing the student's current names, e-mail and active state at the student's
+/// version; every outbox row `done`; one inbox row per outbox key, whose saved answer is the
+/// linked user (created, or changed and applied), executed in version order; and nothing
+/// else in either database. Returns student id → user id.
 pub async fn assert_each_student_linked_exactly_once(
     student_db: &DatabaseConnection,
     users_db: &DatabaseConnection,
@@ -33,13 +38,18 @@ pub async fn assert_each_student_linked_exactly_once(
     let users = users::Entity::find().all(users_db).await.expect("users");
     let inbox = inbox::Entity::find().all(users_db).await.expect("inbox");
     assert_eq!(students.len(), expected, "students");
-    assert_eq!(outbox_rows.len(), expected, "outbox rows");
+    let versions: i64 = students.iter().map(|s| s.version).sum();
+    assert_eq!(
+        outbox_rows.len() as i64,
+        versions,
+        "outbox rows: one per student version"
+    );
     assert_eq!(
         users.len(),
         expected,
         "users: one per student, no duplicates"
     );
-    assert_eq!(inbox.len(), expected, "inbox rows: one per key");
+    assert_eq!(inbox.len(), outbox_rows.len(), "inbox rows: one per key");
 
     let links: HashMap<Uuid, Uuid> = students
         .iter()
@@ -57,6 +67,38 @@ pub async fn assert_each_student_linked_exactly_once(
         .map(|i| (i.idempotency_key.as_str(), i))
         .collect();
 
+    for student in &students {
+        let user = users_by_id
+            .get(&links[&student.id])
+            .unwrap_or_else(|| panic!("linked user of {} missing in Users", student.id));
+        assert_eq!(
+            (
+                user.student_id,
+                user.first_name.as_str(),
+                user.last_name.as_str(),
+                user.email.as_str(),
+                user.enabled,
+                user.source_version
+            ),
+            (
+                student.id,
+                student.first_name.as_str(),
+                student.last_name.as_str(),
+                student.email.as_str(),
+                student.active,
+                student.version
+            ),
+            "Users shows student {} as it is now",
+            student.id
+        );
+        assert_eq!(
+            student.synced_version, student.version,
+            "student {} synced",
+            student.id
+        );
+    }
+
+    let mut executed_at: HashMap<Uuid, Vec<(i64, chrono::DateTime<chrono::Utc>)>> = HashMap::new();
     for row in &outbox_rows {
         let linked = links[&row.aggregate_id];
         assert_eq!(row.status, OutboxStatus::Done, "outbox row {}", row.id);
@@ -66,23 +108,34 @@ pub async fn assert_each_student_linked_exactly_once(
             "outbox result of row {}",
             row.id
         );
-        let user = users_by_id
-            .get(&linked)
-            .unwrap_or_else(|| panic!("linked user {linked} missing in Users"));
-        assert_eq!(
-            user.student_id, row.aggregate_id,
-            "user {linked} belongs to its student"
-        );
         let entry = inbox_by_key
             .get(row.idempotency_key.as_str())
             .unwrap_or_else(|| panic!("no inbox row for key {}", row.idempotency_key));
         let saved: SavedOutcome =
             serde_json::from_value(entry.result.clone()).expect("saved outcome");
+        let expected_answer = if row.effect_type == CREATE_USER {
+            SavedOutcome::Created { user_id: linked }
+        } else {
+            SavedOutcome::Applied {
+                user_id: linked,
+                applied: true,
+            }
+        };
         assert_eq!(
-            saved,
-            SavedOutcome::Created { user_id: linked },
-            "inbox answer for {}",
-            row.idempotency_key
+            saved, expected_answer,
+            "inbox answer for {} ({} v{})",
+            row.idempotency_key, row.effect_type, row.aggregate_version
+        );
+        executed_at
+            .entry(row.aggregate_id)
+            .or_default()
+            .push((row.aggregate_version, entry.created_at));
+    }
+    for (student, mut executions) in executed_at {
+        executions.sort();
+        assert!(
+            executions.windows(2).all(|pair| pair[0].1 < pair[1].1),
+            "student {student}'s effects executed in version order: {executions:?}"
         );
     }
     links

@@ -305,6 +305,68 @@ impl Stack {
         ids
     }
 
+    /// Changes student `id`'s first name through the student-svc process; returns the new
+    /// version.
+    pub async fn rename_student(&self, id: &str, first_name: &str) -> u64 {
+        let mut client = self.student_client();
+        let student = client
+            .get_student(proto::student::v1::GetStudentRequest { id: id.to_owned() })
+            .await
+            .expect("found")
+            .into_inner();
+        client
+            .update_student(proto::student::v1::UpdateStudentRequest {
+                id: id.to_owned(),
+                first_name: first_name.to_owned(),
+                last_name: student.last_name,
+                email: student.email,
+                idempotency_key: None,
+                expected_version: student.version,
+            })
+            .await
+            .expect("updated")
+            .into_inner()
+            .version
+    }
+
+    /// Deactivates student `id` through the student-svc process; returns the new version.
+    pub async fn deactivate_student(&self, id: &str) -> u64 {
+        self.student_client()
+            .deactivate_student(proto::student::v1::DeactivateStudentRequest {
+                id: id.to_owned(),
+                idempotency_key: None,
+            })
+            .await
+            .expect("deactivated")
+            .into_inner()
+            .version
+    }
+
+    /// Students whose every change Users has applied (`synced_version = version`).
+    pub async fn synced_students(&self) -> u64 {
+        students::Entity::find()
+            .filter(sea_orm::sea_query::ExprTrait::eq(
+                sea_orm::sea_query::Expr::col(students::Column::SyncedVersion),
+                sea_orm::sea_query::Expr::col(students::Column::Version),
+            ))
+            .count(&self.student_db)
+            .await
+            .expect("count synced")
+    }
+
+    /// Waits until `expected` students are synced, failing at once if a process died.
+    pub async fn wait_until_all_synced(&mut self, expected: u64) {
+        let deadline = tokio::time::Instant::now() + LINK_DEADLINE;
+        while self.synced_students().await != expected {
+            self.assert_running();
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {LINK_DEADLINE:?} waiting for {expected} students synced"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Students whose user is linked.
     pub async fn linked_students(&self) -> u64 {
         students::Entity::find()

@@ -31,6 +31,9 @@ impl ActiveModelBehavior for ActiveModel {}
 pub enum SavedOutcome {
     /// The user was created.
     Created { user_id: Uuid },
+    /// An update or a disable ran: on this user, changing it (`applied`) or not (it
+    /// already reflected this version of its student or a newer one).
+    Applied { user_id: Uuid, applied: bool },
     /// A domain rule rejected the request: a gRPC code, a stable reason, a message.
     Rejected {
         code: i32,

@@ -15,6 +15,9 @@ pub struct Model {
     pub student_id: Uuid,
     pub enabled: bool,
     pub created_at: DateTimeUtc,
+    /// The version of its student this user reflects; a change with a version no higher
+    /// than this one is not applied.
+    pub source_version: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,0 +1,524 @@
+//! A student's life after creation: UpdateStudent and DeactivateStudent commit the new
+//! version with one outbox row each, and the relay delivers a student's rows in version
+//! order, each only once the one before it is done.
+
+use proto::student::v1::{
+    CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, Student,
+    UpdateStudentRequest,
+};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr};
+use student_store::{
+    effect::{DISABLE_USER, Effect, UPDATE_USER, UpdateUserPayload},
+    entity::outbox::{self, FailureKind, OutboxStatus},
+};
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+use users_svc::entity::users;
+use uuid::Uuid;
+
+use crate::{
+    on_both_backends,
+    support::{Backend, TestApp, invariants::students_and_outbox_rows, spawn_app, student_request},
+};
+
+on_both_backends!(
+    an_update_commits_the_new_version_with_one_update_user_row,
+    a_change_that_changes_nothing_writes_nothing,
+    a_stale_expected_version_is_aborted_and_writes_nothing,
+    client_keys_answer_retries_and_refuse_other_requests,
+    an_inactive_student_accepts_no_update,
+    a_students_rows_are_delivered_one_at_a_time_in_version_order,
+    a_failed_update_holds_back_that_students_later_rows_only,
+    invalid_change_fields_are_named_and_nothing_is_stored,
+);
+
+async fn create(app: &TestApp, n: usize) -> Student {
+    app.student
+        .clone()
+        .create_student(student_request(n))
+        .await
+        .expect("created")
+        .into_inner()
+}
+
+fn update(student: &Student, first_name: &str) -> UpdateStudentRequest {
+    UpdateStudentRequest {
+        id: student.id.clone(),
+        first_name: first_name.to_owned(),
+        last_name: student.last_name.clone(),
+        email: student.email.clone(),
+        idempotency_key: None,
+        expected_version: 0,
+    }
+}
+
+fn deactivate(student: &Student) -> DeactivateStudentRequest {
+    DeactivateStudentRequest {
+        id: student.id.clone(),
+        idempotency_key: None,
+    }
+}
+
+async fn get(app: &TestApp, id: &str) -> Student {
+    app.student
+        .clone()
+        .get_student(GetStudentRequest { id: id.to_owned() })
+        .await
+        .expect("found")
+        .into_inner()
+}
+
+async fn rows_of(app: &TestApp, id: &str) -> Vec<outbox::Model> {
+    outbox::Entity::find()
+        .filter(outbox::Column::AggregateId.eq(Uuid::parse_str(id).expect("uuid")))
+        .order_by_asc(outbox::Column::AggregateVersion)
+        .all(&app.student_db)
+        .await
+        .expect("outbox")
+}
+
+fn reason(status: &Status) -> (Code, String) {
+    let reason = status
+        .get_details_error_info()
+        .map(|info| info.reason)
+        .unwrap_or_default();
+    (status.code(), reason)
+}
+
+/// Runs relay batches until one finds nothing to claim; returns how many batches claimed.
+async fn drain(app: &TestApp) -> usize {
+    let relay = app.relay();
+    let mut batches = 0;
+    while relay.deliver_batch().await.expect("batch").claimed > 0 {
+        batches += 1;
+        assert!(batches < 20, "the outbox never drained");
+    }
+    batches
+}
+
+async fn an_update_commits_the_new_version_with_one_update_user_row(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    assert_eq!(
+        (student.version, student.synced_version, student.active),
+        (1, 0, true)
+    );
+    let updated = app
+        .student
+        .clone()
+        .update_student(UpdateStudentRequest {
+            email: "ana.gomez@example.edu".into(),
+            ..update(&student, "Anita")
+        })
+        .await
+        .expect("updated")
+        .into_inner();
+    assert_eq!(
+        (
+            updated.version,
+            updated.first_name.as_str(),
+            updated.email.as_str(),
+            updated.document_number.as_str()
+        ),
+        (
+            2,
+            "Anita",
+            "ana.gomez@example.edu",
+            student.document_number.as_str()
+        )
+    );
+    let rows = rows_of(&app, &student.id).await;
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        (
+            rows[1].effect_type.as_str(),
+            rows[1].aggregate_version,
+            rows[1].status
+        ),
+        (UPDATE_USER, 2, OutboxStatus::Pending)
+    );
+    assert_eq!(
+        Effect::decode(&rows[1].effect_type, &rows[1].payload),
+        Ok(Effect::UpdateUser(UpdateUserPayload {
+            version: UpdateUserPayload::VERSION,
+            student_id: Uuid::parse_str(&student.id).expect("uuid"),
+            first_name: "Anita".into(),
+            last_name: student.last_name.clone(),
+            email: "ana.gomez@example.edu".into(),
+            source_version: 2,
+        }))
+    );
+    assert_ne!(
+        rows[1].idempotency_key, rows[0].idempotency_key,
+        "its own key"
+    );
+
+    // The create-user row first, then the update: two batches.
+    assert_eq!(drain(&app).await, 2);
+    let synced = get(&app, &student.id).await;
+    assert_eq!((synced.version, synced.synced_version), (2, 2));
+    let user = users::Entity::find()
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("the user");
+    assert_eq!(
+        (
+            user.first_name.as_str(),
+            user.email.as_str(),
+            user.source_version,
+            user.id.to_string()
+        ),
+        ("Anita", "ana.gomez@example.edu", 2, synced.user_id)
+    );
+}
+
+async fn a_change_that_changes_nothing_writes_nothing(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let same = app
+        .student
+        .clone()
+        .update_student(update(&student, &student.first_name))
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(same.version, 1, "no version spent");
+    for _ in 0..2 {
+        let inactive = app
+            .student
+            .clone()
+            .deactivate_student(deactivate(&student))
+            .await
+            .expect("deactivated")
+            .into_inner();
+        assert_eq!((inactive.version, inactive.active), (2, false));
+    }
+    let rows = rows_of(&app, &student.id).await;
+    let effects: Vec<&str> = rows.iter().map(|row| row.effect_type.as_str()).collect();
+    assert_eq!(
+        effects,
+        ["create-user", DISABLE_USER],
+        "deactivating twice is one change"
+    );
+}
+
+async fn a_stale_expected_version_is_aborted_and_writes_nothing(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let mut client = app.student.clone();
+    client
+        .update_student(UpdateStudentRequest {
+            expected_version: 1,
+            ..update(&student, "Second")
+        })
+        .await
+        .expect("at version 1");
+    let status = client
+        .update_student(UpdateStudentRequest {
+            expected_version: 1,
+            ..update(&student, "Third")
+        })
+        .await
+        .expect_err("the student is at version 2 now");
+    assert_eq!(reason(&status), (Code::Aborted, "VERSION_MISMATCH".into()));
+    assert_eq!(
+        status.message(),
+        "the student is at version 2, not the expected 1"
+    );
+    let now = get(&app, &student.id).await;
+    assert_eq!((now.version, now.first_name.as_str()), (2, "Second"));
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
+}
+
+async fn client_keys_answer_retries_and_refuse_other_requests(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let mut client = app.student.clone();
+    let keyed = UpdateStudentRequest {
+        idempotency_key: Some("rename-1".into()),
+        expected_version: 1,
+        ..update(&student, "Renamed")
+    };
+    let first = client
+        .update_student(keyed.clone())
+        .await
+        .expect("updated")
+        .into_inner();
+    // The same request again: the same student, nothing written, even though its expected
+    // version is no longer current (the key is checked before any rule).
+    let again = client
+        .update_student(keyed.clone())
+        .await
+        .expect("a retry")
+        .into_inner();
+    assert_eq!(again, first);
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
+
+    let other = UpdateStudentRequest {
+        first_name: "Other".into(),
+        ..keyed.clone()
+    };
+    let status = client.update_student(other).await.expect_err("key reused");
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+    );
+    let status = client
+        .deactivate_student(DeactivateStudentRequest {
+            idempotency_key: Some("rename-1".into()),
+            ..deactivate(&student)
+        })
+        .await
+        .expect_err("key reused by another RPC");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let status = client
+        .create_student(CreateStudentRequest {
+            idempotency_key: Some("rename-1".into()),
+            ..student_request(2)
+        })
+        .await
+        .expect_err("key reused by CreateStudent");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
+    let now = get(&app, &student.id).await;
+    assert_eq!((now.version, now.active), (2, true));
+}
+
+async fn an_inactive_student_accepts_no_update(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    app.student
+        .clone()
+        .deactivate_student(deactivate(&student))
+        .await
+        .expect("deactivated");
+    let status = app
+        .student
+        .clone()
+        .update_student(update(&student, "Late"))
+        .await
+        .expect_err("inactive");
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "STUDENT_INACTIVE".into())
+    );
+    let now = get(&app, &student.id).await;
+    assert_eq!(
+        (now.version, now.active, now.first_name),
+        (2, false, student.first_name)
+    );
+}
+
+async fn a_students_rows_are_delivered_one_at_a_time_in_version_order(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (a, b) = (create(&app, 1).await, create(&app, 2).await);
+    let mut client = app.student.clone();
+    for name in ["A2", "A3"] {
+        client
+            .update_student(update(&a, name))
+            .await
+            .expect("updated");
+    }
+    client
+        .deactivate_student(deactivate(&a))
+        .await
+        .expect("deactivated");
+    client
+        .update_student(update(&b, "B2"))
+        .await
+        .expect("updated");
+
+    // Each batch may take one row per student: the oldest one not yet done.
+    let relay = app.relay();
+    let mut delivered = Vec::new();
+    loop {
+        let claimed = student_store::outbox::claim_batch(
+            &app.student_db,
+            &relay.id,
+            100,
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .expect("claim");
+        if claimed.is_empty() {
+            break;
+        }
+        let mut per_student: Vec<Uuid> = claimed.iter().map(|row| row.aggregate_id).collect();
+        per_student.dedup();
+        assert_eq!(
+            per_student.len(),
+            claimed.len(),
+            "one row per student at a time"
+        );
+        // Give them back, then let the relay deliver exactly these.
+        student_store::outbox::release(
+            &app.student_db,
+            &claimed.iter().map(|row| row.id).collect::<Vec<_>>(),
+            &relay.id,
+        )
+        .await
+        .expect("release");
+        relay.deliver_batch().await.expect("batch");
+        delivered.push(
+            claimed
+                .iter()
+                .map(|row| (row.aggregate_id.to_string(), row.aggregate_version))
+                .collect::<Vec<_>>(),
+        );
+    }
+    let a_order: Vec<i64> = delivered
+        .iter()
+        .flatten()
+        .filter(|(id, _)| *id == a.id)
+        .map(|(_, version)| *version)
+        .collect();
+    assert_eq!(a_order, [1, 2, 3, 4], "in version order, one per batch");
+    assert_eq!(
+        delivered.len(),
+        4,
+        "B's two rows rode along with A's first two"
+    );
+
+    let (a, b) = (get(&app, &a.id).await, get(&app, &b.id).await);
+    assert_eq!((a.version, a.synced_version, a.active), (4, 4, false));
+    assert_eq!((b.version, b.synced_version), (2, 2));
+    let user_a = users::Entity::find()
+        .filter(users::Column::Id.eq(Uuid::parse_str(&a.user_id).expect("uuid")))
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("user of A");
+    assert_eq!(
+        (
+            user_a.first_name.as_str(),
+            user_a.enabled,
+            user_a.source_version
+        ),
+        ("A3", false, 4)
+    );
+}
+
+async fn a_failed_update_holds_back_that_students_later_rows_only(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (a, b) = (create(&app, 1).await, create(&app, 2).await);
+    let mut client = app.student.clone();
+    client
+        .update_student(update(&a, "A2"))
+        .await
+        .expect("updated");
+    client
+        .deactivate_student(deactivate(&a))
+        .await
+        .expect("deactivated");
+    client
+        .update_student(update(&b, "B2"))
+        .await
+        .expect("updated");
+    // A's update can never be delivered: its stored payload is broken.
+    let broken = rows_of(&app, &a.id).await.remove(1);
+    outbox::Entity::update_many()
+        .col_expr(
+            outbox::Column::Payload,
+            Expr::value(serde_json::json!({ "version": 1 })),
+        )
+        .filter(outbox::Column::Id.eq(broken.id))
+        .exec(&app.student_db)
+        .await
+        .expect("break the payload");
+
+    drain(&app).await;
+    let statuses = |rows: Vec<outbox::Model>| {
+        rows.into_iter()
+            .map(|row| (row.aggregate_version, row.status))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        statuses(rows_of(&app, &a.id).await),
+        [
+            (1, OutboxStatus::Done),
+            (2, OutboxStatus::Failed),
+            (3, OutboxStatus::Pending)
+        ],
+        "A's deactivation waits behind its failed update"
+    );
+    assert_eq!(
+        statuses(rows_of(&app, &b.id).await),
+        [(1, OutboxStatus::Done), (2, OutboxStatus::Done)],
+        "B is not held back"
+    );
+    let failed = rows_of(&app, &a.id).await.remove(1);
+    assert_eq!(
+        (failed.failure_kind, failed.error_code.as_deref()),
+        (Some(FailureKind::Rejected), Some("UNREADABLE_PAYLOAD"))
+    );
+    let a = get(&app, &a.id).await;
+    assert_eq!((a.version, a.synced_version), (3, 1));
+    let report = relay::status::read(&app.student_db).await.expect("status");
+    assert_eq!(
+        (report.pending, report.failed, report.blocked, report.done),
+        (0, 1, 1, 3)
+    );
+}
+
+async fn invalid_change_fields_are_named_and_nothing_is_stored(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let mut client = app.student.clone();
+    type Spoil = fn(&mut UpdateStudentRequest);
+    let cases: [(Spoil, &str); 5] = [
+        (|r| r.id = "nope".into(), "id"),
+        (|r| r.first_name = String::new(), "first_name"),
+        (|r| r.last_name = " Pérez".into(), "last_name"),
+        (|r| r.email = "no-at-sign".into(), "email"),
+        (
+            |r| r.idempotency_key = Some("bad key".into()),
+            "idempotency_key",
+        ),
+    ];
+    for (spoil, field) in cases {
+        let mut request = update(&student, "Valid");
+        spoil(&mut request);
+        let status = client.update_student(request).await.expect_err(field);
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        let violations = status.get_details_bad_request().expect("BadRequest");
+        assert_eq!(violations.field_violations[0].field, field);
+    }
+    let status = client
+        .deactivate_student(DeactivateStudentRequest {
+            id: String::new(),
+            idempotency_key: None,
+        })
+        .await
+        .expect_err("no id");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = client
+        .update_student(UpdateStudentRequest {
+            id: Uuid::now_v7().to_string(),
+            ..update(&student, "Valid")
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(
+        reason(&status),
+        (Code::NotFound, "STUDENT_NOT_FOUND".into())
+    );
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
+    assert_eq!(get(&app, &student.id).await.version, 1);
+}

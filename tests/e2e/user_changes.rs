@@ -1,0 +1,286 @@
+//! UpdateUser and DisableUser: the same inbox rules as CreateUser, and a version guard that
+//! never lets an older change of a student overwrite a newer one.
+
+use proto::users::v1::{
+    CreateUserRequest, DisableUserRequest, GetUserRequest, UpdateUserRequest, User,
+};
+use tonic::{Code, Request, Status, metadata::MetadataValue};
+use tonic_types::StatusExt as _;
+use uuid::Uuid;
+
+use crate::{
+    on_both_backends,
+    support::{Backend, TestApp, invariants::users_and_inbox_rows, spawn_app},
+};
+
+on_both_backends!(
+    an_older_change_never_overwrites_a_newer_one,
+    a_repeated_change_returns_the_saved_answer_and_changes_nothing,
+    change_keys_follow_the_inbox_rules,
+    disabling_frees_the_document_number,
+);
+
+const STUDENT: &str = "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a";
+
+async fn create_user(app: &TestApp) -> String {
+    app.users
+        .clone()
+        .create_user(CreateUserRequest {
+            idempotency_key: "create".into(),
+            email: "ana.perez@example.edu".into(),
+            first_name: "Ana".into(),
+            last_name: "Pérez".into(),
+            document_number: "DOC-1001".into(),
+            student_id: STUDENT.into(),
+        })
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id
+}
+
+fn update(key: &str, first_name: &str, version: u64) -> UpdateUserRequest {
+    UpdateUserRequest {
+        idempotency_key: key.into(),
+        student_id: STUDENT.into(),
+        first_name: first_name.into(),
+        last_name: "Pérez".into(),
+        email: "ana.perez@example.edu".into(),
+        source_version: version,
+    }
+}
+
+fn disable(key: &str, version: u64) -> DisableUserRequest {
+    DisableUserRequest {
+        idempotency_key: key.into(),
+        student_id: STUDENT.into(),
+        source_version: version,
+    }
+}
+
+async fn user(app: &TestApp, id: &str) -> User {
+    app.users
+        .clone()
+        .get_user(GetUserRequest { id: id.into() })
+        .await
+        .expect("found")
+        .into_inner()
+}
+
+fn reason(status: &Status) -> (Code, String) {
+    let reason = status
+        .get_details_error_info()
+        .map(|info| info.reason)
+        .unwrap_or_default();
+    (status.code(), reason)
+}
+
+async fn an_older_change_never_overwrites_a_newer_one(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_user(&app).await;
+    let mut users = app.users.clone();
+    let newer = users
+        .update_user(update("v3", "Third", 3))
+        .await
+        .expect("applied")
+        .into_inner();
+    assert_eq!((newer.user_id.as_str(), newer.applied), (id.as_str(), true));
+    // Version 2 arrives late (delivered directly, out of order): not applied, saved.
+    let older = users
+        .update_user(update("v2", "Second", 2))
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(
+        (older.user_id.as_str(), older.applied),
+        (id.as_str(), false)
+    );
+    let stale_disable = users
+        .disable_user(disable("d3", 3))
+        .await
+        .expect("answered")
+        .into_inner();
+    assert!(!stale_disable.applied, "an equal version is not newer");
+    let now = user(&app, &id).await;
+    assert_eq!(
+        (now.first_name.as_str(), now.enabled, now.source_version),
+        ("Third", true, 3),
+        "nothing older or equal changed it"
+    );
+    // The late answer is saved: its key gets the same answer, marked as a replay.
+    let replayed = users
+        .update_user(update("v2", "Second", 2))
+        .await
+        .expect("answered");
+    assert_eq!(
+        replayed
+            .metadata()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().ok()),
+        Some(Some("true"))
+    );
+    assert!(!replayed.into_inner().applied);
+    let disabled = users
+        .disable_user(disable("d4", 4))
+        .await
+        .expect("applied")
+        .into_inner();
+    assert!(disabled.applied);
+    let now = user(&app, &id).await;
+    assert_eq!((now.enabled, now.source_version), (false, 4));
+    // One user; inbox: create, v3, v2, d3, d4.
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 5));
+}
+
+async fn a_repeated_change_returns_the_saved_answer_and_changes_nothing(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_user(&app).await;
+    let mut users = app.users.clone();
+    let first = users
+        .update_user(update("u2", "Second", 2))
+        .await
+        .expect("applied");
+    assert!(first.metadata().get("idempotent-replayed").is_none());
+    let first = first.into_inner();
+    // Someone changes the user further (version 3) before the repeat arrives.
+    users
+        .update_user(update("u3", "Third", 3))
+        .await
+        .expect("applied");
+    let again = users
+        .update_user(update("u2", "Second", 2))
+        .await
+        .expect("replayed");
+    assert!(again.metadata().get("idempotent-replayed").is_some());
+    assert_eq!(again.into_inner(), first, "the saved answer, applied=true");
+    assert_eq!(
+        user(&app, &id).await.first_name,
+        "Third",
+        "the repeat changed nothing"
+    );
+    // Replay-only: the saved answer, or NOT_FOUND for a key never executed.
+    let mut replay_only = Request::new(update("u2", "Second", 2));
+    replay_only.metadata_mut().insert(
+        "idempotency-replay-only",
+        MetadataValue::from_static("true"),
+    );
+    assert!(
+        users
+            .update_user(replay_only)
+            .await
+            .expect("saved")
+            .into_inner()
+            .applied
+    );
+    let mut never = Request::new(disable("never-sent", 9));
+    never.metadata_mut().insert(
+        "idempotency-replay-only",
+        MetadataValue::from_static("true"),
+    );
+    let status = users.disable_user(never).await.expect_err("unknown key");
+    assert_eq!(reason(&status), (Code::NotFound, "NOT_IN_INBOX".into()));
+    assert!(
+        user(&app, &id).await.enabled,
+        "a replay-only request never executes"
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 3));
+}
+
+async fn change_keys_follow_the_inbox_rules(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    // No user for the student yet: NOT_FOUND, and nothing saved, so a later delivery of the
+    // same key (once the user exists) still executes.
+    let status = users
+        .update_user(update("early", "Second", 2))
+        .await
+        .expect_err("no user");
+    assert_eq!(reason(&status), (Code::NotFound, "USER_NOT_FOUND".into()));
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+    create_user(&app).await;
+    assert!(
+        users
+            .update_user(update("early", "Second", 2))
+            .await
+            .expect("executes now")
+            .into_inner()
+            .applied
+    );
+    // The same key with another request, or with another RPC, is a different operation.
+    let status = users
+        .update_user(update("early", "Other", 2))
+        .await
+        .expect_err("key reused");
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+    );
+    let status = users
+        .disable_user(disable("early", 2))
+        .await
+        .expect_err("key reused by another RPC");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let status = users
+        .update_user(update("create", "Second", 2))
+        .await
+        .expect_err("CreateUser's key");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    // A malformed request names its field and stores nothing.
+    for (request, field) in [
+        (update("", "Second", 2), "idempotency_key"),
+        (update("k", "", 2), "first_name"),
+        (update("k", "Second", 1), "source_version"),
+        (
+            UpdateUserRequest {
+                student_id: "nope".into(),
+                ..update("k", "Second", 2)
+            },
+            "student_id",
+        ),
+    ] {
+        let status = users.update_user(request).await.expect_err(field);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let violations = status.get_details_bad_request().expect("BadRequest");
+        assert_eq!(violations.field_violations[0].field, field);
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
+}
+
+async fn disabling_frees_the_document_number(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_user(&app).await;
+    let mut users = app.users.clone();
+    let another = CreateUserRequest {
+        idempotency_key: "another".into(),
+        email: "other@example.edu".into(),
+        first_name: "Other".into(),
+        last_name: "Person".into(),
+        document_number: "doc-1001".into(),
+        student_id: Uuid::now_v7().to_string(),
+    };
+    let status = users
+        .create_user(another.clone())
+        .await
+        .expect_err("taken, ignoring case");
+    assert_eq!(status.code(), Code::AlreadyExists);
+    users
+        .disable_user(disable("d2", 2))
+        .await
+        .expect("disabled");
+    users
+        .create_user(CreateUserRequest {
+            idempotency_key: "another-after".into(),
+            ..another
+        })
+        .await
+        .expect("the number is free once its holder is disabled");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 4));
+}

@@ -1,0 +1,118 @@
+//! The inbox: one row per idempotency key already executed, with the answer it got. It
+//! answers one question only, for every RPC alike: is this the same operation (the same
+//! key)? Each use case writes its effect and the inbox row in ONE transaction, so no
+//! effect ever exists without the answer that repeats it, and no answer without its effect.
+
+use platform::db::{begin_write, is_unique_violation, now};
+use sea_orm::{ActiveModelTrait, DatabaseConnection, DbErr, EntityTrait, Set};
+
+use crate::{
+    entity::inbox::{self, SavedOutcome},
+    error::Error,
+};
+
+/// Whether a request may execute, or may only be answered from the inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Execute on first sight of the key; answer from the inbox afterwards.
+    Execute,
+    /// Answer from the inbox only; an unknown key is [`Error::NotInInbox`]. Replays of past
+    /// deliveries use this, so they can never execute anything.
+    ReplayOnly,
+}
+
+/// The answer to a request: what the key's operation produced, and whether it was executed
+/// now or replayed from the inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub outcome: SavedOutcome,
+    pub replayed: bool,
+}
+
+/// One request as the inbox sees it: its key and its fingerprint.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub key: &'a str,
+    pub request_hash: &'a str,
+}
+
+/// Answers from the inbox when the key is known: the saved answer if the request is the
+/// same, [`Error::KeyReused`] if it is not. `None` when the key was never executed (or was
+/// purged); in [`Mode::ReplayOnly`] that is [`Error::NotInInbox`].
+pub async fn replay(
+    db: &DatabaseConnection,
+    request: Request<'_>,
+    mode: Mode,
+) -> Result<Option<Answer>, Error> {
+    let Some(entry) = inbox::Entity::find_by_id(request.key.to_owned())
+        .one(db)
+        .await?
+    else {
+        return match mode {
+            Mode::Execute => Ok(None),
+            Mode::ReplayOnly => Err(Error::NotInInbox),
+        };
+    };
+    if entry.request_hash != request.request_hash {
+        return Err(Error::KeyReused);
+    }
+    let outcome: SavedOutcome = serde_json::from_value(entry.result)
+        .map_err(|err| DbErr::Custom(format!("unreadable inbox result: {err}")))?;
+    Ok(Some(Answer {
+        outcome,
+        replayed: true,
+    }))
+}
+
+/// The inbox row that saves `outcome` as the answer to `request`.
+pub fn entry(request: Request<'_>, outcome: &SavedOutcome) -> Result<inbox::ActiveModel, DbErr> {
+    let result = serde_json::to_value(outcome)
+        .map_err(|err| DbErr::Custom(format!("cannot encode inbox result: {err}")))?;
+    Ok(inbox::ActiveModel {
+        idempotency_key: Set(request.key.to_owned()),
+        request_hash: Set(request.request_hash.to_owned()),
+        result: Set(result),
+        created_at: Set(now()),
+    })
+}
+
+/// What a use case does when its transaction hit a unique violation: first of all it may
+/// be a lost race on the same key, whose winner's inbox row is committed by now, so this is
+/// a replay. `None` when the key is still unknown: the violation is the domain's.
+pub async fn after_unique_violation(
+    db: &DatabaseConnection,
+    request: Request<'_>,
+) -> Result<Option<Answer>, Error> {
+    let answer = replay(db, request, Mode::Execute).await?;
+    if answer.is_some() {
+        tracing::info!("answered from the inbox (a concurrent delivery of this key executed it)");
+    }
+    Ok(answer)
+}
+
+/// Saves a deterministic rejection under the key, so a repeat gets the same answer instead
+/// of being judged again.
+pub async fn save_rejection(
+    db: &DatabaseConnection,
+    request: Request<'_>,
+    rejection: SavedOutcome,
+) -> Result<Answer, Error> {
+    let txn = begin_write(db).await?;
+    match entry(request, &rejection)?.insert(&txn).await {
+        Ok(_) => {
+            txn.commit().await?;
+            Ok(Answer {
+                outcome: rejection,
+                replayed: false,
+            })
+        }
+        Err(err) if is_unique_violation(&err) => {
+            drop(txn);
+            // Another request with this key saved its answer first: give that one.
+            replay(db, request, Mode::Execute)
+                .await?
+                .ok_or(Error::Db(err))
+        }
+        Err(err) => Err(err.into()),
+    }
+}
