@@ -16,5 +16,6 @@ mod relay_delivery;
 mod security;
 mod student_changes;
 mod student_service;
+mod upgrades;
 mod user_changes;
 mod users_service;
