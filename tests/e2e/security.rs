@@ -381,28 +381,29 @@ async fn a_token_rotation_under_a_pending_backlog_fails_no_row(backend: Backend)
         .await;
     stack.start_relay(None, &relay_token(OLD_TOKEN));
     stack.create_students(8..12).await;
-    let waiting = eventually(
+    // The rows of students 8..12 are the last four.
+    eventually(
         "every new row refused three times",
         LINK_DEADLINE,
         || async {
-            // The rows of students 8..12, the last four.
-            let waiting: Vec<_> = stack.outbox_rows().await.into_iter().skip(8).collect();
-            waiting
-                .iter()
+            let rows = stack.outbox_rows().await;
+            rows.iter()
+                .skip(8)
                 .all(|row| row.attempts >= 3)
-                .then_some(waiting)
+                .then_some(())
         },
     )
     .await;
-    for row in &waiting {
+    // Stopped (it records what it has in flight), the relay leaves every row waiting to be
+    // retried, none failed.
+    stack.stop_relays(Duration::from_secs(15));
+    for row in stack.outbox_rows().await.iter().skip(8) {
         assert_eq!(
             (row.status, row.failure_kind),
             (OutboxStatus::Pending, None),
             "refused by the token, not failed: {row:?}"
         );
     }
-    // Stopped (it records what it has in flight), the rows show as waiting to be retried.
-    stack.stop_relays(Duration::from_secs(15));
     let status = stack.relay_command(&["status"]);
     let status = String::from_utf8_lossy(&status.stdout);
     assert!(
