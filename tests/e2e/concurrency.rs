@@ -162,13 +162,15 @@ async fn student_lives_reach_users_once_and_in_order_under_random_kills(backend:
     let students = 30;
     let ids = stack.create_students(0..students).await;
 
-    // Every student is renamed three times, and every third one then deactivated, through
-    // student-svc (which stays up) while relays and users-svc are killed at random.
+    // Every student is renamed three times in a row, and every third one then deactivated,
+    // through student-svc (which stays up) while relays and users-svc are killed at random.
+    // Back to back, so several rows of one student wait at once and competing relays could
+    // deliver them out of order, were it not for the per-student order of the claim.
     let changer = tokio::spawn({
         let mut client = stack.student_client();
         async move {
-            for round in 0..3 {
-                for (n, id) in ids.iter().enumerate() {
+            for (n, id) in ids.iter().enumerate() {
+                for round in 0..3 {
                     let student = client
                         .get_student(GetStudentRequest { id: id.clone() })
                         .await
@@ -186,15 +188,15 @@ async fn student_lives_reach_users_once_and_in_order_under_random_kills(backend:
                         .await
                         .expect("updated");
                 }
-            }
-            for id in ids.iter().step_by(3) {
-                client
-                    .deactivate_student(DeactivateStudentRequest {
-                        id: id.clone(),
-                        idempotency_key: None,
-                    })
-                    .await
-                    .expect("deactivated");
+                if n % 3 == 0 {
+                    client
+                        .deactivate_student(DeactivateStudentRequest {
+                            id: id.clone(),
+                            idempotency_key: None,
+                        })
+                        .await
+                        .expect("deactivated");
+                }
             }
         }
     });
