@@ -96,6 +96,37 @@ pub async fn create(db: &DatabaseConnection, new: NewStudentRow) -> Result<Stude
     })
 }
 
+/// Writes a student already linked to `user_id`, with no outbox row: the naive flow of
+/// student-svc's `--link-mode direct`, which called Users itself before saving the
+/// student. Kept as a benchmark baseline; see `student-svc/src/direct.rs` for its flaw.
+pub async fn create_linked(
+    db: &DatabaseConnection,
+    new: NewStudentRow,
+    user_id: Uuid,
+) -> Result<StudentView, DbErr> {
+    let student = students::ActiveModel {
+        id: Set(new.id),
+        first_name: Set(new.first_name),
+        last_name: Set(new.last_name),
+        email: Set(new.email),
+        document_number: Set(new.document_number),
+        user_id: Set(Some(user_id)),
+        client_key: Set(new.client_key),
+        request_hash: Set(new.request_hash),
+        created_at: Set(new.created_at),
+        updated_at: Set(new.created_at),
+        version: Set(1),
+        synced_version: Set(1),
+        active: Set(true),
+    }
+    .insert(db)
+    .await?;
+    Ok(StudentView {
+        student,
+        create_user: None,
+    })
+}
+
 /// A new `pending` outbox row for `effect`, carrying the student's `version`.
 fn outbox_row(
     student_id: Uuid,

@@ -2,12 +2,15 @@
 //! from the structured fields of its outbox row (status, failure kind, error code and
 //! message), never by parsing a string.
 
-use crate::entity::outbox::{self, FailureKind, OutboxStatus};
+use crate::entity::{
+    outbox::{self, FailureKind, OutboxStatus},
+    students,
+};
 
 /// Where the login user of a student is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LinkState {
-    /// No create-user row (a student from before the outbox existed).
+    /// No create-user row and no user (a student from before the outbox existed).
     Unknown,
     /// Being created.
     Pending,
@@ -31,10 +34,14 @@ impl std::fmt::Display for LinkError {
     }
 }
 
-/// The link state a student's `create-user` row gives.
-pub fn link_state(create_user: Option<&outbox::Model>) -> LinkState {
+/// The link state of a student, given its `create-user` row.
+pub fn link_state(student: &students::Model, create_user: Option<&outbox::Model>) -> LinkState {
     let Some(row) = create_user else {
-        return LinkState::Unknown;
+        // Linked without a row: created by `--link-mode direct`.
+        return match student.user_id {
+            Some(_) => LinkState::Linked,
+            None => LinkState::Unknown,
+        };
     };
     match row.status {
         OutboxStatus::Done => LinkState::Linked,

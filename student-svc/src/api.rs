@@ -15,6 +15,7 @@ use student_store::{
 };
 
 use crate::{
+    direct::DirectUsers,
     error::Error,
     new_student::{NewStudent, StudentChange},
     students,
@@ -28,11 +29,22 @@ const MAX_PAGE_SIZE: u64 = 500;
 /// Implements `student.v1.StudentService` over the Student DB.
 pub struct StudentApi {
     db: DatabaseConnection,
+    link: Link,
+}
+
+/// How CreateStudent gets the login user.
+#[derive(Clone, Default)]
+pub enum Link {
+    /// Through the outbox: the design.
+    #[default]
+    Outbox,
+    /// By calling Users itself: the naive baseline (see [`crate::direct`]).
+    Direct(DirectUsers),
 }
 
 impl StudentApi {
-    pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+    pub fn new(db: DatabaseConnection, link: Link) -> Self {
+        Self { db, link }
     }
 }
 
@@ -44,7 +56,7 @@ impl StudentService for StudentApi {
         request: Request<CreateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
         let new = NewStudent::try_from(request.into_inner())?;
-        let view = students::create_student(&self.db, new).await?;
+        let view = students::create_student(&self.db, &self.link, new).await?;
         Ok(Response::new(encode(view)))
     }
 
@@ -113,7 +125,7 @@ fn encode(view: StudentView) -> Student {
         student,
         create_user,
     } = view;
-    let (status, link_error) = match link_state(create_user.as_ref()) {
+    let (status, link_error) = match link_state(&student, create_user.as_ref()) {
         LinkState::Linked => (UserLinkStatus::Linked, String::new()),
         LinkState::Pending => (UserLinkStatus::Pending, String::new()),
         LinkState::Failed(error) => (UserLinkStatus::Failed, error.to_string()),

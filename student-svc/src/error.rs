@@ -21,6 +21,9 @@ pub enum Error {
     VersionMismatch { expected: i64, current: i64 },
     #[error("the student is inactive and accepts no change")]
     Inactive,
+    /// Users refused or failed the call of `--link-mode direct`.
+    #[error("users-svc: {}", .0.message())]
+    Users(Status),
     #[error("database error")]
     Db(#[from] DbErr),
 }
@@ -58,6 +61,8 @@ impl From<Error> for Status {
                 "STUDENT_INACTIVE",
                 DOMAIN,
             ),
+            // Users' own answer, passed on: its code is what the client acts on.
+            Error::Users(users) => Status::new(users.code(), message),
             // The cause goes to the log, never to the caller: it may hold SQL or data.
             Error::Db(cause) => status::internal_error(&cause),
         }

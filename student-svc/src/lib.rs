@@ -4,12 +4,15 @@
 //! delivers that row later. This service never calls Users itself.
 
 mod api;
+pub mod direct;
 mod error;
 mod new_student;
 pub mod students;
 
 use std::net::SocketAddr;
 
+use anyhow::Context as _;
+use direct::{DirectUsers, LinkMode};
 use platform::grpc_server::{ServerOptions, ServiceDefinition};
 use proto::student::v1::student_service_server::StudentServiceServer;
 use sea_orm::DatabaseConnection;
@@ -17,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
-pub use api::StudentApi;
+pub use api::{Link, StudentApi};
 pub use error::Error;
 pub use new_student::NewStudent;
 
@@ -50,9 +53,46 @@ pub struct Config {
     /// PEM private key of --tls-cert.
     #[arg(long, env = "STUDENT_TLS_KEY")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// How CreateStudent gets the login user: `outbox` (the design) or `direct` (calls
+    /// Users itself: the naive baseline and anti-pattern, for benchmarks only).
+    #[arg(long, env = "STUDENT_LINK_MODE", value_enum, default_value_t = LinkMode::Outbox)]
+    pub link_mode: LinkMode,
+    /// Users, for `--link-mode direct` only (`https://…` for TLS).
+    #[arg(long, env = "USERS_URL", default_value = "http://127.0.0.1:50052")]
+    pub users_url: String,
+    /// PEM CA certificate to trust for an `https://` Users URL (`--link-mode direct`).
+    #[arg(long, env = "USERS_TLS_CA")]
+    pub users_ca: Option<std::path::PathBuf>,
+    /// Bearer token for Users (`--link-mode direct`).
+    #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]
+    pub users_auth_token: Option<String>,
 }
 
 impl Config {
+    /// How CreateStudent will get its login user (reads the Users CA file if given).
+    pub fn link(&self) -> anyhow::Result<Link> {
+        match self.link_mode {
+            LinkMode::Outbox => Ok(Link::Outbox),
+            LinkMode::Direct => {
+                let ca = self
+                    .users_ca
+                    .as_deref()
+                    .map(|path| {
+                        std::fs::read(path)
+                            .with_context(|| format!("cannot read {}", path.display()))
+                    })
+                    .transpose()?;
+                let users = DirectUsers::new(
+                    &self.users_url,
+                    ca,
+                    self.users_auth_token.as_deref(),
+                    self.request_timeout,
+                )?;
+                Ok(Link::Direct(users))
+            }
+        }
+    }
+
     /// The server options this configuration asks for (reads the TLS files).
     pub fn server_options(&self) -> anyhow::Result<ServerOptions> {
         ServerOptions::from_flags(
@@ -74,9 +114,10 @@ pub async fn run(
     listener: TcpListener,
     db: DatabaseConnection,
     options: ServerOptions,
+    link: Link,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let service = StudentServiceServer::new(StudentApi::new(db.clone()))
+    let service = StudentServiceServer::new(StudentApi::new(db.clone(), link))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let definition = ServiceDefinition {
         routes: Routes::new(service),

@@ -7,11 +7,12 @@ async fn main() -> anyhow::Result<()> {
     platform::telemetry::init();
     let config = Config::parse();
     let options = config.server_options()?;
+    let link = config.link()?;
     let shutdown = platform::shutdown::on_signal()?;
     let db = student_svc::open_database(&config.database_url).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, tls = options.tls.is_some(), "student-svc listening");
-    student_svc::run(listener, db, options, shutdown).await
+    tracing::info!(addr = %listener.local_addr()?, tls = options.tls.is_some(), link_mode = ?config.link_mode, "student-svc listening");
+    student_svc::run(listener, db, options, link, shutdown).await
 }

@@ -14,6 +14,7 @@ use student_store::students::{
 use uuid::Uuid;
 
 use crate::{
+    api::Link,
     error::Error,
     new_student::{NewStudent, StudentChange},
 };
@@ -26,6 +27,7 @@ use crate::{
 #[tracing::instrument(skip_all, fields(student_id), err(level = "debug"))]
 pub async fn create_student(
     db: &DatabaseConnection,
+    link: &Link,
     new: NewStudent,
 ) -> Result<StudentView, Error> {
     let request_hash = new.request_hash();
@@ -44,7 +46,16 @@ pub async fn create_student(
         request_hash: request_hash.clone(),
         created_at: now(),
     };
-    match store::create(db, row).await {
+    let created = match link {
+        Link::Outbox => store::create(db, row).await,
+        // The naive flow: Users first, with a fresh key, then the student. Nothing
+        // remembers that Users was asked if this process dies or the answer is lost.
+        Link::Direct(users) => match users.create_user(&new, row.id).await {
+            Ok(user_id) => store::create_linked(db, row, user_id).await,
+            Err(status) => return Err(Error::Users(status)),
+        },
+    };
+    match created {
         Ok(view) => {
             tracing::Span::current().record("student_id", tracing::field::display(view.student.id));
             tracing::info!(

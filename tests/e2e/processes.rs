@@ -16,7 +16,9 @@ use crate::{
     on_both_backends,
     support::{
         Backend, TestDatabases, eventually,
-        invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
+        invariants::{
+            assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
+        },
         stack::{LINK_DEADLINE, Stack, binaries},
     },
 };
@@ -29,6 +31,7 @@ on_both_backends!(
     sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
     two_replicas_migrating_one_empty_database_at_once_both_serve,
+    direct_mode_loses_the_student_where_the_outbox_does_not,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -403,4 +406,63 @@ async fn hosts_whose_clocks_run_ahead_delay_no_row() {
     )
     .await;
     assert_eq!(judged.attempts, 1);
+}
+
+/// The same fault for both flows: Users commits the user, then dies before answering, and
+/// the client retries CreateStudent with its key once Users is back.
+async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let users_url = format!("http://{}", stack.users_addr);
+    let answer_lost = format!("{}=1*abort", points::USERS_AFTER_COMMIT);
+    let create = |n: usize| proto::student::v1::CreateStudentRequest {
+        idempotency_key: Some(format!("enrol-{n}")),
+        ..crate::support::student_request(n)
+    };
+
+    // The naive flow: student-svc calls Users itself, with a fresh key per attempt.
+    stack
+        .restart_student_with(None, &["--link-mode", "direct", "--users-url", &users_url])
+        .await;
+    stack.restart_users(Some(&answer_lost)).await;
+    stack
+        .student_client()
+        .create_student(create(1))
+        .await
+        .expect_err("Users died before answering");
+    stack.wait_for_users_abort();
+    stack.restart_users(None).await;
+    let retried = stack
+        .student_client()
+        .create_student(create(1))
+        .await
+        .expect_err("the retry is a new operation to Users, and its own user is in the way");
+    assert_eq!(retried.code(), tonic::Code::AlreadyExists, "{retried:?}");
+    // Lost: no student, and a user that belongs to no student, for good.
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (0, 0));
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await, (1, 2));
+
+    // The outbox flow, the same fault, the same retry: one student, linked to one user.
+    stack.restart_student(None).await;
+    stack.restart_users(Some(&answer_lost)).await;
+    let first = stack
+        .student_client()
+        .create_student(create(2))
+        .await
+        .expect("the outbox flow answers without waiting for Users")
+        .into_inner();
+    stack.wait_for_users_abort();
+    stack.restart_users(None).await;
+    let again = stack
+        .student_client()
+        .create_student(create(2))
+        .await
+        .expect("the retry returns the same student")
+        .into_inner();
+    assert_eq!(again.id, first.id);
+    stack.wait_until_all_linked(1).await;
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 1));
+    // Users: the orphan of the direct flow, and student 2's user, created once.
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await, (2, 3));
 }

@@ -85,6 +85,7 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<Tes
         listener,
         student_db.clone(),
         server.clone(),
+        student_svc::Link::Outbox,
         shutdown.clone(),
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -245,6 +245,11 @@ impl Stack {
     /// Starts student-svc again (on a fresh port, behind the same address), optionally
     /// with fail points armed.
     pub async fn restart_student(&mut self, failpoints: Option<&str>) {
+        self.restart_student_with(failpoints, &[]).await;
+    }
+
+    /// Like [`Stack::restart_student`], with extra flags.
+    pub async fn restart_student_with(&mut self, failpoints: Option<&str>, extra: &[&str]) {
         self.student_proxy.clear_backend();
         let _ = self.student.kill();
         self.student = start_service(
@@ -253,7 +258,7 @@ impl Stack {
             "student-svc",
             &self.student_proxy,
             failpoints,
-            &[],
+            extra,
         )
         .await;
     }
