@@ -39,7 +39,7 @@ pub enum Link {
     #[default]
     Outbox,
     /// By calling Users itself: the naive baseline (see [`crate::direct`]).
-    Direct(DirectUsers),
+    Direct(Box<DirectUsers>),
 }
 
 impl StudentApi {

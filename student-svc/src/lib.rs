@@ -88,7 +88,7 @@ impl Config {
                     self.users_auth_token.as_deref(),
                     self.request_timeout,
                 )?;
-                Ok(Link::Direct(users))
+                Ok(Link::Direct(Box::new(users)))
             }
         }
     }

@@ -1,0 +1,167 @@
+//! One measurement each: a fresh system, a load, what the rows and the processes say.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::{
+    load::{self, Calls},
+    rows::{self, Links},
+    stats::ProcessCost,
+    system::{Backend, Options, System},
+};
+
+/// How long delivery may take before a run gives up.
+const LINK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A closed-loop run: `students` CreateStudents, `in_flight` at a time.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClosedRun {
+    pub link_mode: String,
+    pub relays: usize,
+    pub in_flight: usize,
+    pub create: Calls,
+    /// With no relay, none: the run measures CreateStudent alone.
+    pub links: Option<Links>,
+    pub processes: Vec<ProcessCost>,
+}
+
+pub async fn closed(
+    backend: &Backend,
+    env: &[(String, String)],
+    link_mode: &str,
+    relays: usize,
+    students: usize,
+    in_flight: usize,
+) -> anyhow::Result<ClosedRun> {
+    let options = Options {
+        relays,
+        link_mode: link_mode.to_owned(),
+        env: env.to_vec(),
+    };
+    let system = System::start(backend, &options).await?;
+    let result = async {
+        let client = load::client(system.student_addr).await?;
+        let db = platform::db::connect(&system.databases.student_url).await?;
+        let since = platform::db::now();
+        let create = load::closed_loop(&client, &run_id(), students, in_flight).await;
+        let links = if relays > 0 && link_mode == "outbox" {
+            rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
+            Some(rows::links(&db, since, None).await?)
+        } else {
+            None
+        };
+        let processes = system.costs();
+        db.close().await.ok();
+        anyhow::Ok(ClosedRun {
+            link_mode: link_mode.to_owned(),
+            relays,
+            in_flight,
+            create,
+            links,
+            processes,
+        })
+    }
+    .await;
+    system.stop().await;
+    result
+}
+
+/// An open-loop run: CreateStudents at `rate` for `duration`, one relay delivering.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpenRun {
+    pub rate: f64,
+    pub seconds: f64,
+    pub create: Calls,
+    pub links: Links,
+    pub processes: Vec<ProcessCost>,
+}
+
+pub async fn open(
+    backend: &Backend,
+    env: &[(String, String)],
+    rate: f64,
+    duration: Duration,
+) -> anyhow::Result<OpenRun> {
+    let options = Options {
+        relays: 1,
+        link_mode: "outbox".into(),
+        env: env.to_vec(),
+    };
+    let system = System::start(backend, &options).await?;
+    let result = async {
+        let client = load::client(system.student_addr).await?;
+        let db = platform::db::connect(&system.databases.student_url).await?;
+        let since = platform::db::now();
+        let create = load::open_loop(&client, &run_id(), rate, duration).await;
+        rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
+        let links = rows::links(&db, since, None).await?;
+        let processes = system.costs();
+        db.close().await.ok();
+        anyhow::Ok(OpenRun {
+            rate,
+            seconds: duration.as_secs_f64(),
+            create,
+            links,
+            processes,
+        })
+    }
+    .await;
+    system.stop().await;
+    result
+}
+
+/// A backlog drain: `students` rows written with no relay running, then `relays` relays
+/// started together; the rate counts from their start to the last row done.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainRun {
+    pub relays: usize,
+    pub backlog: usize,
+    pub links: Links,
+    pub processes: Vec<ProcessCost>,
+}
+
+pub async fn drain(
+    backend: &Backend,
+    env: &[(String, String)],
+    students: usize,
+    relays: usize,
+) -> anyhow::Result<DrainRun> {
+    let options = Options {
+        relays: 0,
+        link_mode: "outbox".into(),
+        env: env.to_vec(),
+    };
+    let mut system = System::start(backend, &options).await?;
+    let result = async {
+        let client = load::client(system.student_addr).await?;
+        let db = platform::db::connect(&system.databases.student_url).await?;
+        let since = platform::db::now();
+        let create = load::closed_loop(&client, &run_id(), students, 32).await;
+        anyhow::ensure!(
+            create.errors == 0,
+            "{} CreateStudents failed",
+            create.errors
+        );
+        let started = platform::db::now();
+        system.start_relays(relays)?;
+        rows::wait_until_done(&db, since, students, LINK_TIMEOUT).await?;
+        let links = rows::links(&db, since, Some(started)).await?;
+        let processes = system.costs();
+        db.close().await.ok();
+        anyhow::Ok(DrainRun {
+            relays,
+            backlog: students,
+            links,
+            processes,
+        })
+    }
+    .await;
+    system.stop().await;
+    result
+}
+
+/// Unique per run, so runs never collide on document numbers or keys.
+fn run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
+}

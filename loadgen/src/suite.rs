@@ -1,0 +1,355 @@
+//! The command line, and what each mode runs and prints.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
+
+use crate::{
+    ceiling::{self, Ceiling},
+    runs,
+    stats::{ProcessCost, ratio},
+    system::Backend,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "loadgen",
+    about = "Measures the system: starts it on fresh databases, drives it, reads the rows"
+)]
+pub struct Cli {
+    /// `sqlite` (files in a temporary directory) or a PostgreSQL maintenance URL such as
+    /// `postgres://postgres@127.0.0.1:5432/postgres` (fresh databases are created and
+    /// dropped through it).
+    #[arg(long, default_value = "sqlite", global = true)]
+    pub backend: String,
+    /// Also write the results as JSON here.
+    #[arg(long, global = true)]
+    pub json: Option<PathBuf>,
+    /// Extra environment for every binary, `NAME=VALUE` (e.g. `RELAY_CONCURRENCY=32`).
+    #[arg(long = "env", global = true)]
+    pub env: Vec<String>,
+    #[command(subcommand)]
+    pub mode: Mode,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Mode {
+    /// N CreateStudents with C in flight (closed loop), optionally with relays delivering.
+    Closed {
+        #[arg(long, default_value_t = 4000)]
+        students: usize,
+        #[arg(long, default_value_t = 32)]
+        in_flight: usize,
+        #[arg(long, default_value_t = 1)]
+        relays: usize,
+        /// `outbox` or `direct` (student-svc --link-mode).
+        #[arg(long, default_value = "outbox")]
+        link_mode: String,
+    },
+    /// CreateStudents at a fixed rate for a while (open loop), one relay delivering.
+    Open {
+        #[arg(long)]
+        rate: f64,
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+    },
+    /// A backlog written with no relay running, then drained by K relays started together.
+    Drain {
+        #[arg(long, default_value_t = 4000)]
+        students: usize,
+        #[arg(long, default_value_t = 1)]
+        relays: usize,
+    },
+    /// The outbox flow and the direct (naive) flow at the same concurrency, in one run.
+    Compare {
+        #[arg(long, default_value_t = 2000)]
+        students: usize,
+        #[arg(long, default_value_t = 32)]
+        in_flight: usize,
+    },
+    /// What the database alone does with the system's own transactions.
+    Ceiling {
+        /// Concurrent clients for CreateStudent's transaction.
+        #[arg(long, default_value_t = 32)]
+        create_clients: usize,
+        /// Concurrent clients for each of the Users and link transactions.
+        #[arg(long, default_value_t = 8)]
+        drain_clients: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// Everything BENCHMARKS.md reports, in one run, as ratios to the ceiling.
+    Suite {
+        /// Rows in each backlog drained.
+        #[arg(long, default_value_t = 4000)]
+        backlog: usize,
+        /// Seconds of each open-loop run and of each ceiling measurement.
+        #[arg(long, default_value_t = 15)]
+        seconds: u64,
+    },
+}
+
+/// Runs the chosen mode, printing as it goes; returns everything as JSON.
+pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
+    let backend = match cli.backend.as_str() {
+        "sqlite" => Backend::Sqlite,
+        url => Backend::Postgres {
+            admin_url: url.to_owned(),
+        },
+    };
+    let env: Vec<(String, String)> = cli
+        .env
+        .iter()
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+    let backend_name = match &backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres { .. } => "postgres",
+    };
+    println!("backend: {backend_name}; env: {:?}", cli.env);
+    let results = match &cli.mode {
+        Mode::Closed {
+            students,
+            in_flight,
+            relays,
+            link_mode,
+        } => {
+            let run =
+                runs::closed(&backend, &env, link_mode, *relays, *students, *in_flight).await?;
+            print_closed("closed", &run);
+            json!({ "closed": run })
+        }
+        Mode::Open { rate, duration } => {
+            let run = runs::open(&backend, &env, *rate, *duration).await?;
+            print_open(&run);
+            json!({ "open": run })
+        }
+        Mode::Drain { students, relays } => {
+            let run = runs::drain(&backend, &env, *students, *relays).await?;
+            print_drain(&run, None);
+            json!({ "drain": run })
+        }
+        Mode::Compare {
+            students,
+            in_flight,
+        } => {
+            let (outbox, direct) = compare(&backend, &env, *students, *in_flight).await?;
+            json!({ "compare": { "outbox": outbox, "direct": direct } })
+        }
+        Mode::Ceiling {
+            create_clients,
+            drain_clients,
+            seconds,
+        } => {
+            let ceilings = ceilings(&backend, *create_clients, *drain_clients, *seconds).await?;
+            json!({ "ceiling": ceilings })
+        }
+        Mode::Suite { backlog, seconds } => suite(&backend, &env, *backlog, *seconds).await?,
+    };
+    Ok(json!({
+        "backend": backend_name,
+        "env": cli.env,
+        "machine": machine(),
+        "results": results,
+    }))
+}
+
+/// The ceilings of `backend`: the library one, and on PostgreSQL pgbench's too. The one
+/// to compare with is pgbench's on PostgreSQL (the database with nothing of ours in front),
+/// the library one on SQLite.
+async fn ceilings(
+    backend: &Backend,
+    create_clients: usize,
+    drain_clients: usize,
+    seconds: u64,
+) -> anyhow::Result<Value> {
+    let mut library = ceiling::library(backend, create_clients, seconds).await?;
+    if drain_clients != create_clients {
+        let drain = ceiling::library(backend, drain_clients, seconds).await?;
+        library.users_per_second = drain.users_per_second;
+        library.link_per_second = drain.link_per_second;
+        library.drain_per_second = drain.drain_per_second;
+    }
+    print_ceiling(
+        "ceiling (the project's transaction functions, no gRPC)",
+        &library,
+    );
+    let pgbench = match backend {
+        Backend::Postgres { admin_url } => {
+            let mut pgbench = ceiling::pgbench(admin_url, create_clients, seconds).await?;
+            let drain = ceiling::pgbench(admin_url, drain_clients, seconds).await?;
+            pgbench.users_per_second = drain.users_per_second;
+            pgbench.link_per_second = drain.link_per_second;
+            pgbench.drain_per_second = drain.drain_per_second;
+            print_ceiling("ceiling (pgbench, bench/pgbench/*.sql)", &pgbench);
+            Some(pgbench)
+        }
+        Backend::Sqlite => None,
+    };
+    Ok(json!({ "library": library, "pgbench": pgbench }))
+}
+
+async fn compare(
+    backend: &Backend,
+    env: &[(String, String)],
+    students: usize,
+    in_flight: usize,
+) -> anyhow::Result<(runs::ClosedRun, runs::ClosedRun)> {
+    let outbox = runs::closed(backend, env, "outbox", 1, students, in_flight).await?;
+    print_closed("outbox", &outbox);
+    let direct = runs::closed(backend, env, "direct", 0, students, in_flight).await?;
+    print_closed("direct", &direct);
+    let linked = outbox.links.as_ref().map_or(0.0, |links| links.per_second);
+    println!(
+        "  outbox linked/s ÷ direct completed/s = {:.2}; CreateStudent p50 outbox ÷ direct = {:.2}",
+        ratio(linked, direct.create.per_second),
+        ratio(outbox.create.latency.p50_ms, direct.create.latency.p50_ms)
+    );
+    Ok((outbox, direct))
+}
+
+async fn suite(
+    backend: &Backend,
+    env: &[(String, String)],
+    backlog: usize,
+    seconds: u64,
+) -> anyhow::Result<Value> {
+    let ceilings = ceilings(backend, 32, 8, seconds).await?;
+    let reference: Ceiling = serde_json::from_value(
+        ceilings
+            .get("pgbench")
+            .filter(|value| !value.is_null())
+            .or_else(|| ceilings.get("library"))
+            .cloned()
+            .unwrap_or_default(),
+    )
+    .unwrap_or_default();
+
+    let create_only = runs::closed(backend, env, "outbox", 0, backlog, 32).await?;
+    print_closed("CreateStudent alone, 32 in flight", &create_only);
+    println!(
+        "  ratio to the ceiling: {:.2}",
+        ratio(create_only.create.per_second, reference.create_per_second)
+    );
+
+    let mut drains = Vec::new();
+    for relays in [1, 2, 4] {
+        let run = runs::drain(backend, env, backlog, relays).await?;
+        print_drain(&run, Some(reference.drain_per_second));
+        drains.push(run);
+    }
+    println!(
+        "  2 relays ÷ 1 relay = {:.2}; 4 relays ÷ 1 relay = {:.2}",
+        ratio(drains[1].links.per_second, drains[0].links.per_second),
+        ratio(drains[2].links.per_second, drains[0].links.per_second)
+    );
+
+    let full = runs::closed(backend, env, "outbox", 1, backlog, 32).await?;
+    print_closed("full load, 32 in flight, 1 relay", &full);
+    let maximum = full.links.as_ref().map_or(full.create.per_second, |links| {
+        links.per_second.min(full.create.per_second)
+    });
+    let mut opens = Vec::new();
+    for fraction in [0.25, 0.5] {
+        let run = runs::open(
+            backend,
+            env,
+            maximum * fraction,
+            Duration::from_secs(seconds),
+        )
+        .await?;
+        print!("  at {fraction} of the maximum: ");
+        print_open(&run);
+        opens.push(run);
+    }
+    let (outbox, direct) = compare(backend, env, backlog / 2, 32).await?;
+    Ok(json!({
+        "ceiling": ceilings,
+        "create_alone": create_only,
+        "drain": drains,
+        "full_load": full,
+        "open": opens,
+        "compare": { "outbox": outbox, "direct": direct },
+    }))
+}
+
+fn print_closed(label: &str, run: &runs::ClosedRun) {
+    println!(
+        "{label}: {} CreateStudent in {:.2} s = {:.0}/s ({} errors), {}",
+        run.create.calls,
+        run.create.seconds,
+        run.create.per_second,
+        run.create.errors,
+        run.create.latency
+    );
+    if let Some(links) = &run.links {
+        println!(
+            "  linked {:.0}/s; link latency {}",
+            links.per_second, links.latency
+        );
+    }
+    print_costs(&run.processes);
+}
+
+fn print_open(run: &runs::OpenRun) {
+    println!(
+        "open loop {:.0}/s for {:.0} s: CreateStudent {}; link latency {}",
+        run.rate, run.seconds, run.create.latency, run.links.latency
+    );
+}
+
+fn print_drain(run: &runs::DrainRun, ceiling: Option<f64>) {
+    print!(
+        "drain of {} rows by {} relay(s): {:.0}/s",
+        run.backlog, run.relays, run.links.per_second
+    );
+    match ceiling {
+        Some(ceiling) => println!(
+            " = {:.2} of the ceiling",
+            ratio(run.links.per_second, ceiling)
+        ),
+        None => println!(),
+    }
+    print_costs(&run.processes);
+}
+
+fn print_ceiling(label: &str, ceiling: &Ceiling) {
+    println!(
+        "{label}: create {:.0} tx/s; users {:.0} tx/s and link {:.0} tx/s together, drain {:.0}/s",
+        ceiling.create_per_second,
+        ceiling.users_per_second,
+        ceiling.link_per_second,
+        ceiling.drain_per_second
+    );
+}
+
+fn print_costs(costs: &[ProcessCost]) {
+    let line: Vec<String> = costs
+        .iter()
+        .map(|cost| {
+            format!(
+                "{} {:.1} s CPU, {:.0} MB peak",
+                cost.name, cost.cpu_seconds, cost.peak_rss_mb
+            )
+        })
+        .collect();
+    if !line.is_empty() {
+        println!("  {}", line.join("; "));
+    }
+}
+
+/// What the numbers were measured on.
+fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    json!({ "cpus": cpus, "cpu": model, "measured_at": platform::db::now() })
+}

@@ -1,0 +1,254 @@
+//! The system under measurement: the three release binaries started by loadgen on fresh
+//! databases (SQLite files, or new PostgreSQL databases), or a system already running.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use devstack::{Process, build_binaries, wait_until_serving};
+use nix::sys::signal::Signal;
+use sea_orm::{ConnectionTrait as _, Database};
+
+use crate::stats::ProcessCost;
+
+/// Where the databases live.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// SQLite files in a directory of loadgen's.
+    Sqlite,
+    /// New databases created through this maintenance URL, dropped afterwards.
+    Postgres { admin_url: String },
+}
+
+/// A pair of fresh, empty databases.
+pub struct Databases {
+    pub student_url: String,
+    pub users_url: String,
+    dir: PathBuf,
+    postgres: Option<(String, [String; 2])>,
+}
+
+impl Databases {
+    /// Creates them (SQLite: files appear on first use).
+    pub async fn create(backend: &Backend) -> anyhow::Result<Self> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("loadgen-{}", &id[..12]));
+        std::fs::create_dir_all(&dir)?;
+        match backend {
+            Backend::Sqlite => {
+                let url = |name: &str| format!("sqlite://{}/{name}.db?mode=rwc", dir.display());
+                Ok(Self {
+                    student_url: url("student"),
+                    users_url: url("users"),
+                    dir,
+                    postgres: None,
+                })
+            }
+            Backend::Postgres { admin_url } => {
+                let names = [
+                    format!("bench_student_{}", &id[..12]),
+                    format!("bench_users_{}", &id[..12]),
+                ];
+                let admin = Database::connect(admin_url.as_str())
+                    .await
+                    .context("connect to the PostgreSQL maintenance URL")?;
+                for name in &names {
+                    admin
+                        .execute_unprepared(&format!("CREATE DATABASE \"{name}\""))
+                        .await?;
+                }
+                admin.close().await.ok();
+                let base = admin_url
+                    .rsplit_once('/')
+                    .map_or(admin_url.as_str(), |(base, _)| base);
+                Ok(Self {
+                    student_url: format!("{base}/{}", names[0]),
+                    users_url: format!("{base}/{}", names[1]),
+                    dir,
+                    postgres: Some((admin_url.clone(), names)),
+                })
+            }
+        }
+    }
+
+    /// The directory for this run's logs and SQLite files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Drops the PostgreSQL databases and removes the directory.
+    pub async fn remove(self) {
+        if let Some((admin_url, names)) = &self.postgres
+            && let Ok(admin) = Database::connect(admin_url.as_str()).await
+        {
+            for name in names {
+                let _ = admin
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                    .await;
+            }
+            admin.close().await.ok();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// How to run the system.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Relays to start with (more can be started later).
+    pub relays: usize,
+    /// `outbox` or `direct` (student-svc `--link-mode`).
+    pub link_mode: String,
+    /// Extra environment for every binary (`RELAY_*` tuning, connection budgets…).
+    pub env: Vec<(String, String)>,
+}
+
+/// The three binaries, running on fresh databases.
+pub struct System {
+    pub databases: Databases,
+    pub student_addr: SocketAddr,
+    users_addr: SocketAddr,
+    bin: PathBuf,
+    users: Process,
+    student: Process,
+    relays: Vec<Process>,
+    env: Vec<(String, String)>,
+}
+
+impl System {
+    /// Builds the release binaries (a no-op when up to date), starts users-svc and
+    /// student-svc, waits until both are healthy, and starts `options.relays` relays.
+    pub async fn start(backend: &Backend, options: &Options) -> anyhow::Result<Self> {
+        let bin = build_binaries(true, &[])?;
+        let databases = Databases::create(backend).await?;
+        let mut env = options.env.clone();
+        // As deployed by default: every binary logs at info.
+        env.push(("RUST_LOG".into(), "info".into()));
+        let mut users = spawn(
+            &bin,
+            &databases,
+            "users-svc",
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &databases.users_url,
+            ],
+            &env,
+        )?;
+        let users_addr = users.listening_addr(Duration::from_secs(60))?;
+        wait_until_serving(users_addr, "users.v1.UsersService", Duration::from_secs(60)).await?;
+        let users_url = format!("http://{users_addr}");
+        let mut student = spawn(
+            &bin,
+            &databases,
+            "student-svc",
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &databases.student_url,
+                "--link-mode",
+                &options.link_mode,
+                "--users-url",
+                &users_url,
+            ],
+            &env,
+        )?;
+        let student_addr = student.listening_addr(Duration::from_secs(60))?;
+        wait_until_serving(
+            student_addr,
+            "student.v1.StudentService",
+            Duration::from_secs(60),
+        )
+        .await?;
+        let mut system = Self {
+            databases,
+            student_addr,
+            users_addr,
+            bin,
+            users,
+            student,
+            relays: Vec::new(),
+            env,
+        };
+        system.start_relays(options.relays)?;
+        Ok(system)
+    }
+
+    /// Starts `count` more relays (`relay run` with the tuning in the environment).
+    pub fn start_relays(&mut self, count: usize) -> anyhow::Result<()> {
+        let users_url = format!("http://{}", self.users_addr);
+        for _ in 0..count {
+            let relay = spawn(
+                &self.bin,
+                &self.databases,
+                "relay",
+                &[
+                    "--database-url",
+                    &self.databases.student_url,
+                    "--users-url",
+                    &users_url,
+                    "run",
+                ],
+                &self.env,
+            )?;
+            self.relays.push(relay);
+        }
+        Ok(())
+    }
+
+    /// What each process has cost so far (read while they run).
+    pub fn costs(&self) -> Vec<ProcessCost> {
+        let mut costs: Vec<ProcessCost> =
+            [("users-svc", &self.users), ("student-svc", &self.student)]
+                .into_iter()
+                .filter_map(|(name, process)| ProcessCost::read(name, process.pid()))
+                .collect();
+        costs.extend(
+            self.relays
+                .iter()
+                .enumerate()
+                .filter_map(|(n, relay)| ProcessCost::read(&format!("relay-{n}"), relay.pid())),
+        );
+        costs
+    }
+
+    /// Stops every process (SIGTERM, then SIGKILL after 10 s) and removes the databases.
+    pub async fn stop(mut self) {
+        let processes = self
+            .relays
+            .iter_mut()
+            .chain([&mut self.student, &mut self.users]);
+        for process in processes {
+            let _ = process.signal(Signal::SIGTERM);
+            if !matches!(process.wait_timeout(Duration::from_secs(10)), Ok(Some(_))) {
+                let _ = process.kill();
+            }
+        }
+        self.databases.remove().await;
+    }
+}
+
+fn spawn(
+    bin: &Path,
+    databases: &Databases,
+    name: &str,
+    args: &[&str],
+    env: &[(String, String)],
+) -> anyhow::Result<Process> {
+    let log = databases.dir().join(format!(
+        "{name}-{}.log",
+        uuid::Uuid::new_v4()
+            .simple()
+            .to_string()
+            .get(..6)
+            .unwrap_or_default()
+    ));
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    Process::spawn_isolated(&bin.join(name), &args, env, &log)
+        .with_context(|| format!("start {name}"))
+}
