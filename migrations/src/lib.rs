@@ -56,10 +56,13 @@ impl Schema for users::Migrator {
     const LOCK_ID: i64 = USERS_LOCK_ID;
 }
 
-/// Opens a service's database and brings its schema `S` up to date: how both services
-/// start.
-pub async fn open<S: Schema>(url: &str) -> anyhow::Result<DatabaseConnection> {
-    let db = platform::db::connect(url).await?;
+/// Opens a service's database (a pool of at most `max_connections`) and brings its schema
+/// `S` up to date: how both services start.
+pub async fn open<S: Schema>(
+    url: &str,
+    max_connections: u32,
+) -> anyhow::Result<DatabaseConnection> {
+    let db = platform::db::connect_with(url, max_connections).await?;
     apply::<S>(&db, S::LOCK_ID)
         .await
         .with_context(|| format!("cannot migrate the {} DB", S::NAME))?;

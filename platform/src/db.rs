@@ -13,7 +13,18 @@ use sea_orm::{
 /// How long a SQLite writer waits for the write lock before giving up with SQLITE_BUSY.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Opens a connection pool for `url` (`sqlite://…` or `postgres://…`).
+/// Connections a pool opens when its owner does not say: enough for a tool or a test.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+
+/// Opens a connection pool for `url` (`sqlite://…` or `postgres://…`) of at most
+/// [`DEFAULT_MAX_CONNECTIONS`] connections.
+pub async fn connect(url: &str) -> anyhow::Result<DatabaseConnection> {
+    connect_with(url, DEFAULT_MAX_CONNECTIONS).await
+}
+
+/// Opens a connection pool for `url` (`sqlite://…` or `postgres://…`) of at most
+/// `max_connections` connections (each binary's `--db-max-connections`: on PostgreSQL
+/// every connection counts against the server's `max_connections`).
 ///
 /// SQLite files are created on first use, with their parent directory, in WAL mode (readers
 /// never block the writer) with a busy timeout (writers queue instead of failing) and
@@ -21,25 +32,25 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// power cut cannot take back a student the client was told exists, or a user a link
 /// points to. (`NORMAL` in WAL mode may lose the last commits, and the Student and Users
 /// files would lose them independently.)
-pub async fn connect(url: &str) -> anyhow::Result<DatabaseConnection> {
+pub async fn connect_with(url: &str, max_connections: u32) -> anyhow::Result<DatabaseConnection> {
     let mut options = ConnectOptions::new(url);
+    options
+        .max_connections(max_connections.max(1))
+        .min_connections(1);
     options
         .connect_timeout(Duration::from_secs(5))
         .acquire_timeout(Duration::from_secs(10))
         .sqlx_logging(false);
     if is_sqlite(url) {
         create_parent_dir(url)?;
-        // sea-orm defaults SQLite pools to one connection; a second concurrent transaction
-        // would then wait for the pool instead of for SQLite's lock.
-        options.max_connections(8).min_connections(1);
+        // (sea-orm would default a SQLite pool to one connection: a second concurrent
+        // transaction would then wait for the pool instead of for SQLite's lock.)
         options.map_sqlx_sqlite_opts(|o| {
             o.journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Full)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT)
                 .foreign_keys(true)
         });
-    } else {
-        options.max_connections(16).min_connections(1);
     }
     // Another process creating the same SQLite file (switching it to WAL) holds a lock that
     // the busy timeout does not cover; it is released within moments, so retry briefly.

@@ -44,6 +44,10 @@ pub struct Cli {
     /// Bearer token for Users, when users-svc requires one.
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true, global = true)]
     pub users_auth_token: Option<String>,
+    /// Most connections to the Student DB for `relay run` (one more is used to LISTEN on
+    /// PostgreSQL). A relay mostly waits on Users, so few are enough.
+    #[arg(long, env = "RELAY_DB_MAX_CONNECTIONS", default_value_t = 4, global = true, value_parser = clap::value_parser!(u32).range(1..))]
+    pub db_max_connections: u32,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -115,15 +119,15 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Ok(users) => users,
         Err(err) => return fail(&err),
     };
-    let result = match cli.command {
+    let result = match &cli.command {
         None => match RunConfig::from_env() {
-            Ok(config) => run(&cli.database_url, &users, config).await,
+            Ok(config) => run(&cli, &users, config).await,
             Err(err) => err.exit(),
         },
-        Some(Command::Run(config)) => run(&cli.database_url, &users, config).await,
+        Some(Command::Run(config)) => run(&cli, &users, config.clone()).await,
         Some(Command::Replay(args)) => replay(&cli.database_url, &users, &args.selection()).await,
         Some(Command::Status) => status(&cli.database_url).await,
-        Some(Command::RetryFailed(args)) => retry(&cli.database_url, &users, &args).await,
+        Some(Command::RetryFailed(args)) => retry(&cli.database_url, &users, args).await,
     };
     result.unwrap_or_else(|err| fail(&err))
 }
@@ -152,14 +156,12 @@ impl Cli {
     }
 }
 
-async fn run(
-    database_url: &str,
-    users: &UsersConnection,
-    config: RunConfig,
-) -> anyhow::Result<ExitCode> {
+async fn run(cli: &Cli, users: &UsersConnection, config: RunConfig) -> anyhow::Result<ExitCode> {
     config.validate()?;
+    let database_url = cli.database_url.as_str();
     let shutdown = platform::shutdown::on_signal()?;
-    let Some(db) = crate::open_when_ready(database_url, &shutdown).await else {
+    let Some(db) = crate::open_when_ready(database_url, cli.db_max_connections, &shutdown).await
+    else {
         return Ok(ExitCode::SUCCESS);
     };
     let users_url = users.url.clone();
@@ -172,7 +174,7 @@ async fn run(
         batch_size = relay.config.batch_size,
         concurrency = relay.config.concurrency,
         lease = ?relay.config.lease,
-        listen = matches!(wakeup, Wakeup::Listen(_)),
+        listen = wakeup.is_listening(),
         "relay running"
     );
     relay.run(wakeup, shutdown).await;

@@ -16,10 +16,9 @@ use uuid::Uuid;
 
 use crate::{
     RunConfig,
-    backoff::{exponential_ceiling, retry_delay},
+    backoff::retry_delay,
     classify::{Failure, classify, code_name},
     users_client::UsersClient,
-    wakeup::Wakeup,
 };
 
 /// What one [`Relay::deliver_batch`] did.
@@ -42,12 +41,18 @@ pub struct BatchOutcome {
 }
 
 /// The relay: a Student DB, a Users client, its tuning and its identity in leases.
+/// Cheap to clone (the database pool and the channel are shared), so each delivery can
+/// run on a task of its own.
+#[derive(Clone)]
 pub struct Relay {
     pub db: DatabaseConnection,
     pub users: UsersClient,
     pub config: RunConfig,
     /// Written to `locked_by`: which relay holds a row.
     pub id: String,
+    /// Inside [`Relay::run`]: where answered rows go to be recorded together (see
+    /// `finalize.rs`). `None`: each row is recorded on its own.
+    pub(crate) finalizer: Option<crate::finalize::Finalizer>,
 }
 
 impl Relay {
@@ -59,11 +64,12 @@ impl Relay {
             users,
             config,
             id: format!("relay-{}-{}", std::process::id(), &random[..8]),
+            finalizer: None,
         }
     }
 
-    /// Claims one batch of due rows and delivers them, all at once. Tests drive this step
-    /// directly; [`Relay::run`] loops around it.
+    /// Claims one batch of due rows and delivers them, all at once, then returns: one step,
+    /// for tests and tools to drive. [`Relay::run`] is the continuous loop.
     pub async fn deliver_batch(&self) -> anyhow::Result<BatchOutcome> {
         self.deliver_batch_until(&CancellationToken::new()).await
     }
@@ -81,36 +87,17 @@ impl Relay {
         &self,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<BatchOutcome> {
-        // Measured before the claim is sent, so the lease this relay counts on ends no
-        // later than the one the database records.
-        let lease_ends = Instant::now() + self.config.lease;
-        let rows =
-            outbox::claim_batch(&self.db, &self.id, self.claim_size(), self.config.lease).await?;
+        let (rows, lease_ends) = self.claim(self.claim_size()).await?;
         let mut outcome = BatchOutcome {
             claimed: rows.len(),
             ..BatchOutcome::default()
         };
-        if rows.is_empty() {
-            return Ok(outcome);
-        }
-        failpoint::hit(points::RELAY_AFTER_CLAIM).await;
         let results: Vec<_> = futures::stream::iter(rows)
             .map(|row| async move {
-                let id = row.id;
                 if shutdown.is_cancelled() {
-                    return Ok((Delivery::Unsent, id));
+                    return Ok((Delivery::Unsent, row.id));
                 }
-                // Never start a send the lease cannot cover: if the call could still be
-                // running when the lease ends, another relay could claim and send the row
-                // at the same time, burning an attempt. Give the row back instead.
-                if Instant::now() + self.config.call_timeout >= lease_ends {
-                    tracing::warn!(
-                        outbox_id = id,
-                        "lease too short to send before it ends; releasing the row"
-                    );
-                    return Ok((Delivery::Unsent, id));
-                }
-                self.deliver(row).await.map(|delivery| (delivery, id))
+                self.send_within_lease(row, lease_ends).await
             })
             .buffer_unordered(usize::from(self.config.concurrency))
             .collect()
@@ -143,45 +130,39 @@ impl Relay {
         }
     }
 
-    /// Runs batches until `shutdown` is cancelled: back to back while there is work; when
-    /// idle, until woken (PostgreSQL `NOTIFY`) or the poll interval passes; with growing
-    /// pauses while the database fails, so errors never spin.
-    pub async fn run(&self, mut wakeup: Wakeup, shutdown: CancellationToken) {
-        let mut consecutive_errors = 0u32;
-        while !shutdown.is_cancelled() {
-            // The batch runs outside the select!, so shutdown never abandons a half-done
-            // transaction: it stops new sends and releases what was not sent.
-            let pause = match self.deliver_batch_until(&shutdown).await {
-                Ok(outcome) => {
-                    consecutive_errors = 0;
-                    // A full claim means more rows are probably due: claim again at once.
-                    if outcome.claimed == self.claim_size() as usize {
-                        continue;
-                    }
-                    None
-                }
-                Err(err) => {
-                    consecutive_errors += 1;
-                    let pause = exponential_ceiling(
-                        consecutive_errors,
-                        self.config.poll_interval,
-                        self.config.backoff_max,
-                    );
-                    tracing::warn!(error = format!("{err:#}"), retry_in = ?pause, "delivery batch failed");
-                    Some(pause)
-                }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                () = async {
-                    match pause {
-                        Some(pause) => tokio::time::sleep(pause).await,
-                        None => wakeup.wait(self.config.poll_interval).await,
-                    }
-                } => {}
-            }
+    /// Claims up to `limit` due rows; returns them with the moment their lease ends as this
+    /// relay counts it (measured before the claim is sent, so never later than the lease
+    /// the database records).
+    pub(crate) async fn claim(
+        &self,
+        limit: u32,
+    ) -> anyhow::Result<(Vec<outbox_row::Model>, Instant)> {
+        let lease_ends = Instant::now() + self.config.lease;
+        let rows = outbox::claim_batch(&self.db, &self.id, limit, self.config.lease).await?;
+        if !rows.is_empty() {
+            failpoint::hit(points::RELAY_AFTER_CLAIM).await;
         }
-        tracing::info!(relay = %self.id, "relay stopped");
+        Ok((rows, lease_ends))
+    }
+
+    /// Delivers one claimed row, unless its lease could run out before the call ends.
+    pub(crate) async fn send_within_lease(
+        &self,
+        row: outbox_row::Model,
+        lease_ends: Instant,
+    ) -> anyhow::Result<(Delivery, i64)> {
+        let id = row.id;
+        // Never start a send the lease cannot cover: if the call could still be running
+        // when the lease ends, another relay could claim and send the row at the same
+        // time, burning an attempt. Give the row back instead.
+        if Instant::now() + self.config.call_timeout >= lease_ends {
+            tracing::warn!(
+                outbox_id = id,
+                "lease too short to send before it ends; releasing the row"
+            );
+            return Ok((Delivery::Unsent, id));
+        }
+        self.deliver(row).await.map(|delivery| (delivery, id))
     }
 
     async fn deliver(&self, row: outbox_row::Model) -> anyhow::Result<Delivery> {
@@ -205,7 +186,11 @@ impl Relay {
         };
         failpoint::hit(points::RELAY_BEFORE_FINALIZE).await;
         let delivered = Delivered::of(&effect, answer.user_id);
-        match outbox::record_delivery(&self.db, &row, &self.id, delivered).await {
+        let recorded = match &self.finalizer {
+            Some(finalizer) => finalizer.record(&row, delivered).await,
+            None => outbox::record_delivery(&self.db, &row, &self.id, delivered).await,
+        };
+        match recorded {
             Ok(()) => {
                 let message = match delivered {
                     Delivered::UserCreated(_) => "delivered and linked",
@@ -317,7 +302,8 @@ impl Relay {
     }
 }
 
-enum Delivery {
+/// What became of one claimed row.
+pub(crate) enum Delivery {
     Delivered,
     Retried,
     Failed,

@@ -12,6 +12,8 @@ pub mod classify;
 pub mod cli;
 mod config;
 mod deliver;
+mod finalize;
+mod pipeline;
 pub mod replay;
 pub mod retry_failed;
 mod startup;

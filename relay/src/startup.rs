@@ -11,13 +11,14 @@ use tokio_util::sync::CancellationToken;
 /// waits, again whenever the reason changes. Returns `None` if `shutdown` came first.
 pub async fn open_when_ready(
     url: &str,
+    max_connections: u32,
     shutdown: &CancellationToken,
 ) -> Option<DatabaseConnection> {
     let mut last_reason = String::new();
     let mut connection = None;
     loop {
         let reason = match &connection {
-            None => match platform::db::connect(url).await {
+            None => match platform::db::connect_with(url, max_connections).await {
                 Ok(db) => {
                     connection = Some(db);
                     continue;

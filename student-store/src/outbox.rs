@@ -19,7 +19,7 @@ use platform::db::{begin_write, now, shared_now};
 use sea_orm::{
     ActiveEnum as _, ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, DbErr,
     EntityTrait, IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, Statement, UpdateMany,
+    QuerySelect, Statement, TransactionTrait as _, UpdateMany,
     sea_query::{Expr, ExprTrait},
 };
 use uuid::Uuid;
@@ -92,10 +92,28 @@ pub async fn claim_batch(
             )
         }
     };
-    let mut rows = outbox::Entity::find()
-        .from_raw_sql(statement)
-        .all(db)
-        .await?;
+    let mut rows = match backend {
+        DbBackend::Postgres => {
+            // Planned afresh every time: a plan cached while the table was small (a
+            // generic plan of the prepared statement) can cost seconds per claim once it
+            // is not. The setting lasts for this transaction only.
+            let txn = db.begin().await?;
+            txn.execute_unprepared("SET LOCAL plan_cache_mode = force_custom_plan")
+                .await?;
+            let rows = outbox::Entity::find()
+                .from_raw_sql(statement)
+                .all(&txn)
+                .await?;
+            txn.commit().await?;
+            rows
+        }
+        _ => {
+            outbox::Entity::find()
+                .from_raw_sql(statement)
+                .all(db)
+                .await?
+        }
+    };
     // RETURNING does not promise an order.
     rows.sort_by_key(|row| row.id);
     Ok(rows)
@@ -174,6 +192,39 @@ pub async fn record_delivery(
     finish_delivery(db, row, finish, delivered).await
 }
 
+/// Records several deliveries as [`record_delivery`] does, in ONE transaction: one commit
+/// (one disk sync) for all of them instead of one each. Each row has a savepoint of its
+/// own, so one that cannot be recorded (its claim lost, a link conflict) changes nothing
+/// while the others commit. Returns each row's result, in order; an error of the
+/// transaction itself records none.
+pub async fn record_deliveries(
+    db: &DatabaseConnection,
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> Result<Vec<Result<(), RecordError>>, DbErr> {
+    let txn = begin_write(db).await?;
+    let mut results = Vec::with_capacity(deliveries.len());
+    for (row, delivered) in deliveries {
+        let savepoint = txn.begin().await?;
+        let finish = held_by_claim(mark_done(delivered.user_id()), row, relay_id);
+        let result = match apply_delivery(&savepoint, row, finish, *delivered).await {
+            Ok(()) => savepoint.commit().await.map_err(RecordError::from),
+            Err(err) => {
+                savepoint.rollback().await?;
+                Err(err)
+            }
+        };
+        if let Err(RecordError::Db(err)) = result {
+            return Err(err);
+        }
+        results.push(result);
+    }
+    // Crash point: before this commit every row is still leased and will be delivered
+    // again, Users answering from its inbox; after it, every recorded row is done.
+    txn.commit().await?;
+    Ok(results)
+}
+
 /// Records a `failed` row's delivery and marks it `done`, for `retry-failed`: Users' inbox
 /// says the row's key was executed after all (its answer was lost). Fenced by the row's
 /// status and key, so a row redriven meanwhile is left alone ([`RecordError::ClaimLost`]).
@@ -222,7 +273,24 @@ async fn finish_delivery(
     delivered: Delivered,
 ) -> Result<(), RecordError> {
     let txn = begin_write(db).await?;
-    if finish.exec(&txn).await?.rows_affected != 1 {
+    apply_delivery(&txn, row, finish, delivered).await?;
+    // Crash point: before this commit the row is still leased (or failed) and will be
+    // delivered again, Users answering from its inbox; after it, the student shows it.
+    txn.commit().await?;
+    Ok(())
+}
+
+/// The statements that finish a delivery, inside the caller's transaction: the fenced
+/// `finish` update of the row, then the student. The row goes first so that a lost claim
+/// is found before anything is written, and its row lock (PostgreSQL) keeps a competing
+/// claim out until commit. On an error the caller rolls back.
+async fn apply_delivery(
+    txn: &impl sea_orm::ConnectionTrait,
+    row: &outbox::Model,
+    finish: UpdateMany<outbox::Entity>,
+    delivered: Delivered,
+) -> Result<(), RecordError> {
+    if finish.exec(txn).await?.rows_affected != 1 {
         return Err(RecordError::ClaimLost(row.id));
     }
     let student_id = row.aggregate_id;
@@ -237,20 +305,19 @@ async fn finish_delivery(
                         .is_null()
                         .or(students::Column::UserId.eq(user_id)),
                 )
-                .exec(&txn)
+                .exec(txn)
                 .await?;
             if linked.rows_affected == 0 {
-                // Dropping the transaction rolls the row's update back.
-                return Err(link_problem(&txn, student_id, user_id).await?);
+                return Err(link_problem(txn, student_id, user_id).await?);
             }
         }
         Delivered::UserChanged(user_id) => {
             let student = students::Entity::find_by_id(student_id)
-                .one(&txn)
+                .one(txn)
                 .await?
                 .ok_or(RecordError::StudentMissing(student_id))?;
             if student.user_id != Some(user_id) {
-                return Err(link_problem(&txn, student_id, user_id).await?);
+                return Err(link_problem(txn, student_id, user_id).await?);
             }
         }
     }
@@ -263,11 +330,8 @@ async fn finish_delivery(
         )
         .filter(students::Column::Id.eq(student_id))
         .filter(students::Column::SyncedVersion.lt(row.aggregate_version))
-        .exec(&txn)
+        .exec(txn)
         .await?;
-    // Crash point: before this commit the row is still leased (or failed) and will be
-    // delivered again, Users answering from its inbox; after it, the student shows it.
-    txn.commit().await?;
     Ok(())
 }
 
@@ -435,25 +499,35 @@ fn without_lease(update: UpdateMany<outbox::Entity>) -> UpdateMany<outbox::Entit
 }
 
 /// The claim on PostgreSQL: `FOR UPDATE SKIP LOCKED`, lease times from the database clock.
+///
+/// The candidates are chosen in a `MATERIALIZED` CTE, evaluated exactly once. Written as
+/// `UPDATE … WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`, the planner may run
+/// the sub-select once per outer row, and each run locks up to `n` more rows: a claim of 16
+/// took thousands. The `status IN (…)` conjunct lets the planner use the partial index
+/// `outbox_claimable` (unfinished rows in id order), so a claim never walks the `done`
+/// history.
 static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
     format!(
-        r#"UPDATE outbox
-              SET status = {processing}, locked_by = $1,
-                  locked_until = now() + $2 * interval '1 millisecond',
-                  attempts = attempts + 1
-            WHERE id IN (
+        r#"WITH claimed AS MATERIALIZED (
                   SELECT candidate.id FROM outbox AS candidate
-                   WHERE ((candidate.status = {pending} AND candidate.available_at <= now())
+                   WHERE candidate.status IN ({pending}, {processing})
+                     AND ((candidate.status = {pending} AND candidate.available_at <= now())
                        OR (candidate.status = {processing} AND candidate.locked_until < now()))
                      AND {in_order}
                    ORDER BY candidate.id
                    LIMIT $3
                      FOR UPDATE OF candidate SKIP LOCKED)
+           UPDATE outbox
+              SET status = {processing}, locked_by = $1,
+                  locked_until = now() + $2 * interval '1 millisecond',
+                  attempts = attempts + 1
+             FROM claimed
+            WHERE outbox.id = claimed.id
         RETURNING {columns}"#,
         processing = literal(OutboxStatus::Processing),
         pending = literal(OutboxStatus::Pending),
         in_order = *EARLIER_ROWS_DONE,
-        columns = outbox_columns()
+        columns = outbox_columns_of("outbox")
     )
 });
 
@@ -465,7 +539,8 @@ static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| {
                   attempts = attempts + 1
             WHERE id IN (
                   SELECT candidate.id FROM outbox AS candidate
-                   WHERE ((candidate.status = {pending} AND candidate.available_at <= ?)
+                   WHERE candidate.status IN ({pending}, {processing})
+                     AND ((candidate.status = {pending} AND candidate.available_at <= ?)
                        OR (candidate.status = {processing} AND candidate.locked_until < ?))
                      AND {in_order}
                    ORDER BY candidate.id
@@ -517,6 +592,14 @@ fn literal(status: OutboxStatus) -> String {
 fn outbox_columns() -> String {
     outbox::Column::iter()
         .map(|column| format!("\"{}\"", column.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// [`outbox_columns`], qualified by `table` (where a statement joins another relation).
+fn outbox_columns_of(table: &str) -> String {
+    outbox::Column::iter()
+        .map(|column| format!("{table}.\"{}\"", column.as_str()))
         .collect::<Vec<_>>()
         .join(", ")
 }

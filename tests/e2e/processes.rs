@@ -324,9 +324,7 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     stack.wait_until_all_linked(3).await;
 
     stack.dbs.set_student_database_reachable(false).await;
-    stack
-        .wait_for_relay_log_lines("delivery batch failed", 1)
-        .await;
+    stack.wait_for_relay_log_lines("claim failed", 1).await;
     wait_for_health(stack.student_addr, ServingStatus::NotServing).await;
 
     stack.dbs.set_student_database_reachable(true).await;

@@ -533,10 +533,7 @@ async fn notify_wakes_an_idle_postgres_relay_long_before_its_poll() {
         },
     );
     let wakeup = Wakeup::for_database(&app.databases.student_url).await;
-    assert!(
-        matches!(wakeup, Wakeup::Listen(_)),
-        "PostgreSQL relays LISTEN"
-    );
+    assert!(wakeup.is_listening(), "PostgreSQL relays LISTEN");
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -561,4 +558,38 @@ async fn notify_wakes_an_idle_postgres_relay_long_before_its_poll() {
     shutdown.cancel();
     running.await.expect("relay task");
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 2).await;
+}
+
+/// PostgreSQL only: its cached query plans are what is at stake. A plan cached while the
+/// outbox was empty once made a claim of 16 re-run its candidate sub-select for every row
+/// and lock all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_takes_at_most_its_limit_whatever_plan_was_cached() {
+    use sea_orm::ConnectionTrait as _;
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    // One connection, so every claim below runs the same prepared statement.
+    let db = platform::db::connect_with(&app.databases.student_url, 1)
+        .await
+        .expect("connect");
+    db.execute_unprepared("ANALYZE outbox")
+        .await
+        .expect("analyze");
+    for _ in 0..6 {
+        let none = store::claim_batch(&db, "warm-up", 16, Duration::from_secs(60))
+            .await
+            .expect("claim");
+        assert!(none.is_empty());
+    }
+    create_students(&app, 0..200).await;
+    let claimed = store::claim_batch(&db, "relay", 16, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    let processing = rows(&app)
+        .await
+        .into_iter()
+        .filter(|row| row.status == OutboxStatus::Processing)
+        .count();
+    assert_eq!((claimed.len(), processing), (16, 16));
 }

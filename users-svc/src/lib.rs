@@ -46,6 +46,10 @@ pub struct Config {
     /// A request still running after this is cancelled.
     #[arg(long, env = "USERS_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub request_timeout: std::time::Duration,
+    /// Most connections to the Users DB (on PostgreSQL each counts against the server's
+    /// `max_connections`; see the README for sizing).
+    #[arg(long, env = "USERS_DB_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub db_max_connections: u32,
     /// Requests in flight at once; more are answered RESOURCE_EXHAUSTED at once.
     #[arg(long, env = "USERS_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
     pub max_concurrent_requests: usize,
@@ -82,9 +86,10 @@ impl Config {
     }
 }
 
-/// Opens the Users DB and brings its schema up to date.
-pub async fn open_database(url: &str) -> anyhow::Result<DatabaseConnection> {
-    migrations::open::<migrations::users::Migrator>(url).await
+/// Opens the Users DB (a pool of at most `max_connections`) and brings its schema up to
+/// date.
+pub async fn open_database(url: &str, max_connections: u32) -> anyhow::Result<DatabaseConnection> {
+    migrations::open::<migrations::users::Migrator>(url, max_connections).await
 }
 
 /// Serves the Users service on `listener` until `shutdown` is cancelled.

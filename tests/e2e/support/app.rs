@@ -68,10 +68,10 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<Tes
     let dbs = TestDatabases::create(backend).await?;
     let shutdown = CancellationToken::new();
 
-    let student_db = student_svc::open_database(&dbs.student_url)
+    let student_db = student_svc::open_database(&dbs.student_url, 10)
         .await
         .expect("open Student DB");
-    let users_db = users_svc::open_database(&dbs.users_url)
+    let users_db = users_svc::open_database(&dbs.users_url, 10)
         .await
         .expect("open Users DB");
 

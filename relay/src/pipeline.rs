@@ -1,0 +1,135 @@
+//! The delivery loop: calls to Users kept in flight continuously, not batch by batch.
+//!
+//! The relay claims rows as call slots free up (never more rows than free slots, so every
+//! claimed row is sent at once, inside its lease), and claims again at once after a full
+//! claim, when a row is notified (PostgreSQL `NOTIFY`, kept if it arrives while busy), or
+//! when the poll interval passes. A slow call holds one slot, never the next claim.
+//!
+//! Each claimed row is delivered on a task of its own: its call and its finalize progress
+//! whatever the loop is doing. (Were they futures the loop polls only between its own
+//! awaits, a finalize holding SQLite's write lock could wait for the loop while the loop's
+//! next claim waits for that lock.)
+
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Relay, backoff::exponential_ceiling, deliver::Delivery, finalize::Finalizer, wakeup::Wakeup,
+};
+
+/// The deliveries a relay has in flight, each on its own task.
+type InFlight = JoinSet<anyhow::Result<(Delivery, i64)>>;
+
+impl Relay {
+    /// Delivers rows until `shutdown` is cancelled, then lets the calls in flight finish
+    /// (each within its deadline) and records them. Errors of the database make the loop
+    /// back off, growing, so they never spin.
+    pub async fn run(&self, wakeup: Wakeup, shutdown: CancellationToken) {
+        // Deliveries record their rows through one group-committing finalizer.
+        let (finalizer, finalizing) = Finalizer::start(self.db.clone(), self.id.clone());
+        let this = Relay {
+            finalizer: Some(finalizer),
+            ..self.clone()
+        };
+        this.deliver_until(wakeup, shutdown).await;
+        drop(this);
+        let _ = finalizing.await;
+        tracing::info!(relay = %self.id, "relay stopped");
+    }
+
+    async fn deliver_until(&self, wakeup: Wakeup, shutdown: CancellationToken) {
+        let concurrency = usize::from(self.config.concurrency);
+        // Claim again once this many slots are free, rather than one row at a time: a
+        // claim is a transaction, and small ones cost more than they gain.
+        let refill = (concurrency / 4).max(1);
+        let mut in_flight = InFlight::new();
+        let mut due = true;
+        let mut consecutive_errors = 0u32;
+        while !shutdown.is_cancelled() {
+            let free = concurrency - in_flight.len();
+            if due && (free >= refill || in_flight.is_empty()) {
+                let limit = free.min(usize::from(self.config.batch_size));
+                match self.claim(u32::try_from(limit).unwrap_or(u32::MAX)).await {
+                    Ok((rows, lease_ends)) => {
+                        consecutive_errors = 0;
+                        // A full claim: more rows are probably due.
+                        due = rows.len() == limit;
+                        for row in rows {
+                            let relay = self.clone();
+                            in_flight.spawn(async move {
+                                relay.send_within_lease(row, lease_ends).await
+                            });
+                        }
+                        if due && in_flight.len() < concurrency {
+                            continue;
+                        }
+                    }
+                    Err(err) => {
+                        consecutive_errors += 1;
+                        let pause = exponential_ceiling(
+                            consecutive_errors,
+                            self.config.poll_interval,
+                            self.config.backoff_max,
+                        );
+                        tracing::warn!(error = format!("{err:#}"), retry_in = ?pause, "claim failed");
+                        self.wait(&mut in_flight, pause, &shutdown).await;
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                Some(result) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    self.finished(result).await;
+                }
+                () = wakeup.notified() => due = true,
+                () = tokio::time::sleep(self.config.poll_interval) => due = true,
+                () = shutdown.cancelled() => {}
+            }
+        }
+        // Stopping: no new claims; what is in flight finishes and is recorded.
+        while let Some(result) = in_flight.join_next().await {
+            self.finished(result).await;
+        }
+    }
+
+    /// Waits `pause`, handling deliveries that finish meanwhile.
+    async fn wait(&self, in_flight: &mut InFlight, pause: Duration, shutdown: &CancellationToken) {
+        let sleep = tokio::time::sleep(pause);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                Some(result) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    self.finished(result).await;
+                }
+                () = &mut sleep => return,
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Handles one finished delivery: a row that was not sent goes back at once; a row
+    /// whose outcome could not be recorded keeps its lease and is claimed again once it
+    /// runs out.
+    async fn finished(
+        &self,
+        result: Result<anyhow::Result<(Delivery, i64)>, tokio::task::JoinError>,
+    ) {
+        match result {
+            Ok(Ok((Delivery::Unsent, id))) => {
+                if let Err(err) = student_store::outbox::release(&self.db, &[id], &self.id).await {
+                    tracing::warn!(outbox_id = id, error = %err, "cannot release an unsent row; its lease will run out");
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(
+                    error = format!("{err:#}"),
+                    "cannot record a delivery; the row will be claimed again after its lease"
+                );
+            }
+            Err(err) => tracing::error!(error = %err, "a delivery task failed"),
+        }
+    }
+}
