@@ -50,8 +50,9 @@ pub struct Ceiling {
 pub async fn library(backend: &Backend, clients: usize, seconds: u64) -> anyhow::Result<Ceiling> {
     let databases = Databases::create(backend).await?;
     let student_db =
-        migrations::open::<migrations::student::Migrator>(&databases.student_url).await?;
-    let users_db = migrations::open::<migrations::users::Migrator>(&databases.users_url).await?;
+        migrations::open::<migrations::student::Migrator>(&databases.student_url, 16).await?;
+    let users_db =
+        migrations::open::<migrations::users::Migrator>(&databases.users_url, 16).await?;
     let duration = Duration::from_secs(seconds);
 
     let create_per_second = for_each_client(clients, duration, {
@@ -125,8 +126,9 @@ pub async fn pgbench(admin_url: &str, clients: usize, seconds: u64) -> anyhow::R
     })
     .await?;
     let student_db =
-        migrations::open::<migrations::student::Migrator>(&databases.student_url).await?;
-    let users_db = migrations::open::<migrations::users::Migrator>(&databases.users_url).await?;
+        migrations::open::<migrations::student::Migrator>(&databases.student_url, 16).await?;
+    let users_db =
+        migrations::open::<migrations::users::Migrator>(&databases.users_url, 16).await?;
 
     let create_per_second = run_pgbench(
         &databases.student_url,

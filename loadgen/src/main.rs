@@ -5,7 +5,9 @@
 //! run. `--json PATH` writes everything it printed.
 
 mod ceiling;
+mod claim_cost;
 mod load;
+mod replay_cost;
 mod rows;
 mod runs;
 mod stats;

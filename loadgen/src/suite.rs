@@ -79,6 +79,20 @@ pub enum Mode {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
+    /// What one claim costs with a long `done` history, with the claim's index and without.
+    ClaimCost {
+        #[arg(long, default_value_t = 1_000_000)]
+        done: u64,
+        #[arg(long, default_value_t = 10_000)]
+        pending: u64,
+        #[arg(long, default_value_t = 200)]
+        claims: usize,
+    },
+    /// A repeat answered from the inbox next to a fresh CreateUser, one at a time.
+    ReplayCost {
+        #[arg(long, default_value_t = 1000)]
+        calls: usize,
+    },
     /// Everything BENCHMARKS.md reports, in one run, as ratios to the ceiling.
     Suite {
         /// Rows in each backlog drained.
@@ -145,6 +159,26 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
         } => {
             let ceilings = ceilings(&backend, *create_clients, *drain_clients, *seconds).await?;
             json!({ "ceiling": ceilings })
+        }
+        Mode::ClaimCost {
+            done,
+            pending,
+            claims,
+        } => {
+            let cost = crate::claim_cost::measure(&backend, *done, *pending, *claims).await?;
+            println!(
+                "claim of 64 among {} due rows after {} done rows: with the index {}; without {}",
+                cost.pending_rows, cost.done_rows, cost.with_index, cost.without_index
+            );
+            json!({ "claim_cost": cost })
+        }
+        Mode::ReplayCost { calls } => {
+            let cost = crate::replay_cost::measure(&backend, *calls).await?;
+            println!(
+                "CreateUser fresh {}; replayed from the inbox {}; replay ÷ fresh (p50) = {:.2}",
+                cost.fresh, cost.replay, cost.ratio
+            );
+            json!({ "replay_cost": cost })
         }
         Mode::Suite { backlog, seconds } => suite(&backend, &env, *backlog, *seconds).await?,
     };

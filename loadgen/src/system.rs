@@ -91,7 +91,11 @@ impl Databases {
             }
             admin.close().await.ok();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("LOADGEN_KEEP_LOGS").is_some() {
+            eprintln!("  logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -110,7 +114,7 @@ pub struct Options {
 pub struct System {
     pub databases: Databases,
     pub student_addr: SocketAddr,
-    users_addr: SocketAddr,
+    pub users_addr: SocketAddr,
     bin: PathBuf,
     users: Process,
     student: Process,
