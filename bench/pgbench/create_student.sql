@@ -1,5 +1,7 @@
--- CreateStudent's transaction: the student, its create-user outbox row, the NOTIFY that
--- wakes the relays. (student-store/src/students.rs: create)
+-- CreateStudent's transaction: the student and its create-user outbox row
+-- (student-store/src/students.rs: create). student-svc sends the NOTIFY that wakes the
+-- relays after the commit by default (student-store/src/wake.rs), outside this
+-- transaction; create_student_notify.sql keeps it inside (--wake-relays in-transaction).
 \set n random(1, 2000000000)
 BEGIN;
 INSERT INTO students (id, first_name, last_name, email, document_number, user_id, client_key, request_hash, created_at, updated_at, version, synced_version, active)
@@ -7,5 +9,4 @@ INSERT INTO students (id, first_name, last_name, email, document_number, user_id
   RETURNING id \gset
 INSERT INTO outbox (aggregate_id, aggregate_version, effect_type, payload, idempotency_key, status, attempts, last_error, error_code, available_at, locked_until, locked_by, created_at, processed_at, result, failure_kind, client_key, request_hash)
   VALUES (:id::uuid, 1, 'create-user', '{"version":1,"email":"load@example.edu","first_name":"Load","last_name":"Student","document_number":"P","student_id":"00000000-0000-0000-0000-000000000000"}'::json, gen_random_uuid()::text, 'pending', 0, NULL, NULL, now(), NULL, NULL, now(), NULL, NULL, NULL, NULL, NULL);
-NOTIFY outbox_created;
 COMMIT;

@@ -26,6 +26,7 @@ use serde::Serialize;
 use student_store::{
     outbox::{self, Delivered},
     students::{self, NewStudentRow},
+    wake::{RelayBell, WakeRelays},
 };
 use users_svc::{create_user, inbox::Mode};
 use uuid::Uuid;
@@ -43,6 +44,10 @@ pub struct Ceiling {
     pub link_per_second: f64,
     /// A row needs both: the lower of the two.
     pub drain_per_second: f64,
+    /// CreateStudent's transaction with the `NOTIFY` inside it (`--wake-relays
+    /// in-transaction`); pgbench only.
+    #[serde(default)]
+    pub create_notify_in_transaction_per_second: Option<f64>,
 }
 
 /// The `library` ceiling: the project's own transaction functions, `clients` at a time,
@@ -55,12 +60,15 @@ pub async fn library(backend: &Backend, clients: usize, seconds: u64) -> anyhow:
         migrations::open::<migrations::users::Migrator>(&databases.users_url, 16).await?;
     let duration = Duration::from_secs(seconds);
 
+    // Rung as student-svc rings it by default.
+    let bell = RelayBell::new(&student_db, WakeRelays::default());
     let create_per_second = for_each_client(clients, duration, {
         let db = student_db.clone();
         move |n| {
             let db = db.clone();
+            let bell = bell.clone();
             async move {
-                students::create(&db, new_student(n))
+                students::create(&db, &bell, new_student(n))
                     .await
                     .map(drop)
                     .map_err(anyhow::Error::from)
@@ -114,6 +122,7 @@ pub async fn library(backend: &Backend, clients: usize, seconds: u64) -> anyhow:
         users_per_second,
         link_per_second,
         drain_per_second: link_per_second.min(users_per_second),
+        create_notify_in_transaction_per_second: None,
     })
 }
 
@@ -133,6 +142,13 @@ pub async fn pgbench(admin_url: &str, clients: usize, seconds: u64) -> anyhow::R
     let create_per_second = run_pgbench(
         &databases.student_url,
         &scripts.join("create_student.sql"),
+        clients,
+        seconds,
+        &[],
+    )?;
+    let create_notify_in_transaction_per_second = run_pgbench(
+        &databases.student_url,
+        &scripts.join("create_student_notify.sql"),
         clients,
         seconds,
         &[],
@@ -163,6 +179,7 @@ pub async fn pgbench(admin_url: &str, clients: usize, seconds: u64) -> anyhow::R
         users_per_second,
         link_per_second,
         drain_per_second: link_per_second.min(users_per_second),
+        create_notify_in_transaction_per_second: Some(create_notify_in_transaction_per_second),
     })
 }
 
@@ -178,7 +195,7 @@ async fn claimed_rows(
     let written = for_each_n(16, count, |n| {
         let db = db.clone();
         async move {
-            students::create(&db, new_student(1_000_000_000 + n))
+            students::create(&db, &RelayBell::silent(), new_student(1_000_000_000 + n))
                 .await
                 .map(drop)
         }

@@ -218,6 +218,9 @@ async fn ceilings(
             pgbench.link_per_second = drain.link_per_second;
             pgbench.drain_per_second = drain.drain_per_second;
             print_ceiling("ceiling (pgbench, bench/pgbench/*.sql)", &pgbench);
+            if let Some(notifying) = pgbench.create_notify_in_transaction_per_second {
+                println!("  create with the NOTIFY inside the transaction: {notifying:.0} tx/s");
+            }
             Some(pgbench)
         }
         Backend::Sqlite => None,

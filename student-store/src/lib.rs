@@ -2,7 +2,7 @@
 //! effects on Users their changes decide) and the `relay` (delivering those effects).
 //!
 //! It owns the tables ([`entity`]), the effects and their payloads ([`effect`]), the outbox
-//! status values, the LISTEN channel, and every write: the student transactions
+//! status values, the LISTEN channel and how writers ring it ([`wake`]), and every write: the student transactions
 //! ([`students`]) and the relay's claims and state changes ([`outbox`]), each one statement
 //! or one short transaction, opened and committed in one visible place. What clients see
 //! of a student's link is computed in [`sync`].
@@ -12,6 +12,7 @@ pub mod entity;
 pub mod outbox;
 pub mod students;
 pub mod sync;
+pub mod wake;
 
 /// The PostgreSQL channel notified when an outbox row commits; relays LISTEN on it.
 pub const OUTBOX_CHANNEL: &str = "outbox_created";

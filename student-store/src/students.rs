@@ -12,12 +12,12 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::{
-    OUTBOX_CHANNEL,
     effect::{CREATE_USER, CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
     entity::{
         outbox::{self, OutboxStatus},
         students,
     },
+    wake::RelayBell,
 };
 
 /// A student with the outbox row that creates its login user (which tells the link state).
@@ -48,7 +48,11 @@ pub struct NewStudentRow {
 /// user is on disk and the relay will deliver it, whatever crashes afterwards. A unique
 /// violation (the client key, or the document number) is returned as the database error
 /// for the caller to tell apart.
-pub async fn create(db: &DatabaseConnection, new: NewStudentRow) -> Result<StudentView, DbErr> {
+pub async fn create(
+    db: &DatabaseConnection,
+    bell: &RelayBell,
+    new: NewStudentRow,
+) -> Result<StudentView, DbErr> {
     let effect = Effect::CreateUser(CreateUserPayload {
         version: CreateUserPayload::VERSION,
         email: new.email.clone(),
@@ -85,10 +89,11 @@ pub async fn create(db: &DatabaseConnection, new: NewStudentRow) -> Result<Stude
     let create_user = outbox_row(new.id, 1, &effect, None, new.created_at, available_at)
         .insert(&txn)
         .await?;
-    notify_relays(&txn).await?;
+    bell.in_transaction(&txn).await?;
     failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
     // Crash point: before this commit nothing exists; after it, both rows do.
     txn.commit().await?;
+    bell.after_commit();
     failpoint::hit(failpoint::points::STUDENT_AFTER_COMMIT).await;
     Ok(StudentView {
         student,
@@ -218,6 +223,7 @@ pub enum ChangeError {
 /// each with its own version; that is also what orders the student's outbox rows.
 pub async fn change(
     db: &DatabaseConnection,
+    bell: &RelayBell,
     request: ChangeRequest,
 ) -> Result<ChangeOutcome, ChangeError> {
     let txn = begin_write(db).await?;
@@ -299,10 +305,11 @@ pub async fn change(
     )
     .insert(&txn)
     .await?;
-    notify_relays(&txn).await?;
+    bell.in_transaction(&txn).await?;
     // Crash point: before this commit neither the new version nor its effect exists; after
     // it, both do, and the relay will deliver the effect after every earlier one.
     txn.commit().await?;
+    bell.after_commit();
     Ok(ChangeOutcome::Changed(with_create_user(db, student).await?))
 }
 
@@ -326,16 +333,6 @@ pub async fn find_change_by_client_key(
         .one(db)
         .await?
         .map(|row| (row.aggregate_id, row.request_hash)))
-}
-
-/// On PostgreSQL, wakes the relays LISTENing on [`OUTBOX_CHANNEL`] when `txn` commits
-/// (never for a rolled-back row), so they claim at once instead of at their next poll.
-async fn notify_relays(txn: &impl ConnectionTrait) -> Result<(), DbErr> {
-    if txn.get_database_backend() == DbBackend::Postgres {
-        txn.execute_unprepared(&format!("NOTIFY {OUTBOX_CHANNEL}"))
-            .await?;
-    }
-    Ok(())
 }
 
 /// The student whose CreateStudent used `client_key`, if any.

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 use student_store::{
     students::StudentView,
     sync::{LinkState, link_state},
+    wake::RelayBell,
 };
 
 use crate::{
@@ -30,6 +31,7 @@ const MAX_PAGE_SIZE: u64 = 500;
 pub struct StudentApi {
     db: DatabaseConnection,
     link: Link,
+    bell: RelayBell,
 }
 
 /// How CreateStudent gets the login user.
@@ -43,8 +45,8 @@ pub enum Link {
 }
 
 impl StudentApi {
-    pub fn new(db: DatabaseConnection, link: Link) -> Self {
-        Self { db, link }
+    pub fn new(db: DatabaseConnection, link: Link, bell: RelayBell) -> Self {
+        Self { db, link, bell }
     }
 }
 
@@ -56,7 +58,7 @@ impl StudentService for StudentApi {
         request: Request<CreateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
         let new = NewStudent::try_from(request.into_inner())?;
-        let view = students::create_student(&self.db, &self.link, new).await?;
+        let view = students::create_student(&self.db, &self.bell, &self.link, new).await?;
         Ok(Response::new(encode(view)))
     }
 
@@ -66,7 +68,7 @@ impl StudentService for StudentApi {
         request: Request<UpdateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
         let change = StudentChange::try_from(request.into_inner())?;
-        let view = students::change_student(&self.db, change).await?;
+        let view = students::change_student(&self.db, &self.bell, change).await?;
         Ok(Response::new(encode(view)))
     }
 
@@ -76,7 +78,7 @@ impl StudentService for StudentApi {
         request: Request<DeactivateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
         let change = StudentChange::try_from(request.into_inner())?;
-        let view = students::change_student(&self.db, change).await?;
+        let view = students::change_student(&self.db, &self.bell, change).await?;
         Ok(Response::new(encode(view)))
     }
 

@@ -16,6 +16,7 @@ use direct::{DirectUsers, LinkMode};
 use platform::grpc_server::{ServerOptions, ServiceDefinition};
 use proto::student::v1::student_service_server::StudentServiceServer;
 use sea_orm::DatabaseConnection;
+use student_store::wake::{RelayBell, WakeRelays};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
@@ -70,6 +71,12 @@ pub struct Config {
     /// Bearer token for Users (`--link-mode direct`).
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]
     pub users_auth_token: Option<String>,
+    /// How a new outbox row wakes the relays on PostgreSQL: `after-commit` (a coalesced
+    /// `NOTIFY` once the transaction committed), `in-transaction` (a `NOTIFY` inside it;
+    /// PostgreSQL then commits notifying transactions one at a time) or `off` (relays
+    /// poll). Ignored on SQLite.
+    #[arg(long, env = "STUDENT_WAKE_RELAYS", default_value = "after-commit")]
+    pub wake_relays: WakeRelays,
 }
 
 impl Config {
@@ -120,9 +127,11 @@ pub async fn run(
     db: DatabaseConnection,
     options: ServerOptions,
     link: Link,
+    wake: WakeRelays,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let service = StudentServiceServer::new(StudentApi::new(db.clone(), link))
+    let bell = RelayBell::new(&db, wake);
+    let service = StudentServiceServer::new(StudentApi::new(db.clone(), link, bell))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let definition = ServiceDefinition {
         routes: Routes::new(service),

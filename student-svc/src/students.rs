@@ -11,6 +11,7 @@ use student_store::students::{
     self as store, ChangeError, ChangeOutcome, ChangeRequest, NewStudentRow, StudentPage,
     StudentView,
 };
+use student_store::wake::RelayBell;
 use uuid::Uuid;
 
 use crate::{
@@ -27,6 +28,7 @@ use crate::{
 #[tracing::instrument(skip_all, fields(student_id), err(level = "debug"))]
 pub async fn create_student(
     db: &DatabaseConnection,
+    bell: &RelayBell,
     link: &Link,
     new: NewStudent,
 ) -> Result<StudentView, Error> {
@@ -47,7 +49,7 @@ pub async fn create_student(
         created_at: now(),
     };
     let created = match link {
-        Link::Outbox => store::create(db, row).await,
+        Link::Outbox => store::create(db, bell, row).await,
         // The naive flow: Users first, with a fresh key, then the student. Nothing
         // remembers that Users was asked if this process dies or the answer is lost.
         Link::Direct(users) => match users.create_user(&new, row.id).await {
@@ -108,6 +110,7 @@ async fn replay_client_key(
 #[tracing::instrument(skip_all, fields(student_id = %change.id), err(level = "debug"))]
 pub async fn change_student(
     db: &DatabaseConnection,
+    bell: &RelayBell,
     change: StudentChange,
 ) -> Result<StudentView, Error> {
     let request_hash = change.request_hash();
@@ -124,7 +127,7 @@ pub async fn change_student(
             .map(|key| (key, request_hash.clone())),
         at: now(),
     };
-    match store::change(db, request).await {
+    match store::change(db, bell, request).await {
         Ok(ChangeOutcome::Changed(view)) => {
             tracing::info!(
                 version = view.student.version,

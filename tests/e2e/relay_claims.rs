@@ -9,12 +9,15 @@ use student_store::entity::{
     students,
 };
 use student_store::outbox::{self as store, Problem};
+use student_store::wake::WakeRelays;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     on_both_backends,
     support::{
         Backend, TestApp,
+        app::AppOptions,
+        app::spawn_app_with,
         app::test_tuning,
         eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
@@ -520,9 +523,25 @@ async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {
     );
 }
 
+/// PostgreSQL only (SQLite has no NOTIFY): a relay that polls every 300 s delivers each new
+/// row within seconds, woken by the NOTIFY student-svc sends, after the commit (the
+/// default) or inside the transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn notify_wakes_an_idle_postgres_relay_long_before_its_poll() {
-    let Some(app) = spawn_app(Backend::Postgres).await else {
+async fn notify_after_commit_wakes_an_idle_postgres_relay_long_before_its_poll() {
+    notify_wakes_an_idle_postgres_relay(WakeRelays::AfterCommit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn notify_in_transaction_wakes_an_idle_postgres_relay_long_before_its_poll() {
+    notify_wakes_an_idle_postgres_relay(WakeRelays::InTransaction).await;
+}
+
+async fn notify_wakes_an_idle_postgres_relay(wake_relays: WakeRelays) {
+    let options = AppOptions {
+        wake_relays,
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app_with(Backend::Postgres, options).await else {
         return;
     };
     let relay = app.relay_with(

@@ -43,6 +43,8 @@ pub struct AppOptions {
     pub tls: Option<TestPki>,
     /// Require this bearer token on the Users API.
     pub users_token: Option<String>,
+    /// How student-svc wakes the relays (`--wake-relays`).
+    pub wake_relays: student_store::wake::WakeRelays,
 }
 
 /// Starts both services on fresh databases; `None` when the backend is not configured.
@@ -86,6 +88,7 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<Tes
         student_db.clone(),
         server.clone(),
         student_svc::Link::Outbox,
+        options.wake_relays,
         shutdown.clone(),
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
