@@ -1,6 +1,6 @@
 -- CreateStudent's transaction with student-svc --wake-relays in-transaction: the student,
 -- its create-user outbox row and the NOTIFY that wakes the relays, committed together.
-\set n random(1, 2000000000)
+\set n random(1, 9000000000000000000)
 BEGIN;
 INSERT INTO students (id, first_name, last_name, email, document_number, user_id, client_key, request_hash, created_at, updated_at, version, synced_version, active)
   VALUES (gen_random_uuid(), 'Load', 'Student', 'load@example.edu', 'P' || :client_id::text || '-' || :n::text, NULL, 'bench-' || :client_id::text || '-' || :n::text, 'hash', now(), now(), 1, 0, true)

@@ -1,6 +1,6 @@
 -- CreateUser: the inbox lookup by key, then the user and its inbox row in one
 -- transaction. (users-svc/src/create_user.rs)
-\set n random(1, 2000000000)
+\set n random(1, 9000000000000000000)
 SELECT idempotency_key, request_hash, result, created_at FROM inbox WHERE idempotency_key = 'k-' || :client_id::text || '-' || :n::text;
 BEGIN;
 INSERT INTO users (id, email, first_name, last_name, document_number, student_id, enabled, created_at, source_version)
