@@ -67,14 +67,15 @@ pub async fn claim_batch(
 ) -> Result<Vec<outbox::Model>, DbErr> {
     let backend = db.get_database_backend();
     let statement = match backend {
+        // The limit is written into the statement, not bound: PostgreSQL switches a
+        // prepared statement to a generic plan after five runs, and a generic plan that
+        // cannot see the limit plans for a tenth of the table (seconds per claim once the
+        // outbox is large). With the limit in the text, the generic plan is the claim's
+        // own; each limit is its own prepared statement.
         DbBackend::Postgres => Statement::from_sql_and_values(
             backend,
-            CLAIM_POSTGRES.as_str(),
-            [
-                relay_id.into(),
-                millis(lease).into(),
-                i64::from(limit).into(),
-            ],
+            CLAIM_POSTGRES.replace(LIMIT, &limit.to_string()),
+            [relay_id.into(), millis(lease).into()],
         ),
         _ => {
             let at = now();
@@ -92,28 +93,11 @@ pub async fn claim_batch(
             )
         }
     };
-    let mut rows = match backend {
-        DbBackend::Postgres => {
-            // Planned afresh every time: a plan cached while the table was small (a
-            // generic plan of the prepared statement) can cost seconds per claim once it
-            // is not. The setting lasts for this transaction only.
-            let txn = db.begin().await?;
-            txn.execute_unprepared("SET LOCAL plan_cache_mode = force_custom_plan")
-                .await?;
-            let rows = outbox::Entity::find()
-                .from_raw_sql(statement)
-                .all(&txn)
-                .await?;
-            txn.commit().await?;
-            rows
-        }
-        _ => {
-            outbox::Entity::find()
-                .from_raw_sql(statement)
-                .all(db)
-                .await?
-        }
-    };
+    // One statement, so one round trip and its own transaction.
+    let mut rows = outbox::Entity::find()
+        .from_raw_sql(statement)
+        .all(db)
+        .await?;
     // RETURNING does not promise an order.
     rows.sort_by_key(|row| row.id);
     Ok(rows)
@@ -518,7 +502,7 @@ static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
                        OR (candidate.status = {processing} AND candidate.locked_until < now()))
                      AND {in_order}
                    ORDER BY candidate.id
-                   LIMIT $3
+                   LIMIT {LIMIT}
                      FOR UPDATE OF candidate SKIP LOCKED)
            UPDATE outbox
               SET status = {processing}, locked_by = $1,
@@ -533,6 +517,9 @@ static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
         columns = outbox_columns_of("outbox")
     )
 });
+
+/// Where [`CLAIM_POSTGRES`] takes its limit, as a literal.
+const LIMIT: &str = "/*limit*/";
 
 /// The claim on SQLite: one UPDATE under the single write lock, times bound by the caller.
 static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| {
