@@ -68,6 +68,13 @@ pub async fn create(
         _ => Set(new.created_at),
     };
 
+    // The caller's key goes on the outbox row too: the outbox's unique index on client keys
+    // then covers every Student RPC, so a key already used by a change (or a change racing
+    // for this key) is a unique violation here, not a second operation.
+    let client = new
+        .client_key
+        .clone()
+        .map(|key| (key, new.request_hash.clone()));
     let txn = begin_write(db).await?;
     let student = students::ActiveModel {
         id: Set(new.id),
@@ -86,7 +93,7 @@ pub async fn create(
     }
     .insert(&txn)
     .await?;
-    let create_user = outbox_row(new.id, 1, &effect, None, new.created_at, available_at)
+    let create_user = outbox_row(new.id, 1, &effect, client, new.created_at, available_at)
         .insert(&txn)
         .await?;
     bell.in_transaction(&txn).await?;

@@ -33,11 +33,9 @@ pub async fn create_student(
     new: NewStudent,
 ) -> Result<StudentView, Error> {
     let request_hash = new.request_hash();
-    // The key check runs before any domain rule: a retry must get its student back even
-    // though its document number is now, of course, taken (by itself).
-    if let Some(view) = replay_client_key(db, &new, &request_hash).await? {
-        return Ok(view);
-    }
+    // Insert first, look the key up only when that fails: a retry or a reused key is a
+    // unique violation (the student's key, the outbox row's key, or the document number,
+    // taken by the retry's own student), and the first request pays no extra round trip.
     let row = NewStudentRow {
         id: Uuid::now_v7(),
         first_name: new.first_name.clone(),
@@ -52,10 +50,16 @@ pub async fn create_student(
         Link::Outbox => store::create(db, bell, row).await,
         // The naive flow: Users first, with a fresh key, then the student. Nothing
         // remembers that Users was asked if this process dies or the answer is lost.
-        Link::Direct(users) => match users.create_user(&new, row.id).await {
-            Ok(user_id) => store::create_linked(db, row, user_id).await,
-            Err(status) => return Err(Error::Users(status)),
-        },
+        Link::Direct(users) => {
+            // A retry is answered from its key before Users is called again.
+            if let Some(view) = replay_client_key(db, &new, &request_hash).await? {
+                return Ok(view);
+            }
+            match users.create_user(&new, row.id).await {
+                Ok(user_id) => store::create_linked(db, row, user_id).await,
+                Err(status) => return Err(Error::Users(status)),
+            }
+        }
     };
     match created {
         Ok(view) => {
@@ -68,8 +72,10 @@ pub async fn create_student(
             Ok(view)
         }
         Err(err) if is_unique_violation(&err) => {
-            // Either a concurrent request with the same key committed first (a retry: answer
-            // with its student) or the document number belongs to another student.
+            // The key was used before (a retry: answer with its student; another request
+            // or a change: KeyReused), or the document number belongs to another student.
+            // The key is checked first: a retry gets its student back although its
+            // document number is now, of course, taken (by itself).
             match replay_client_key(db, &new, &request_hash).await? {
                 Some(view) => Ok(view),
                 None => Err(Error::DocumentNumberTaken),
