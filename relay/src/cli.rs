@@ -1,4 +1,5 @@
-//! The `relay` command line: `run` (the default), `replay`, `status`, `retry-failed`.
+//! The `relay` command line: `run` (the default), `replay`, `status`, `show`,
+//! `retry-failed`.
 
 use std::{io::Write as _, process::ExitCode};
 
@@ -8,7 +9,7 @@ use uuid::Uuid;
 use anyhow::Context as _;
 
 use crate::{
-    Relay, RunConfig, replay, retry_failed, status,
+    Relay, RunConfig, replay, retry_failed, show, status,
     users_client::{UsersClient, UsersConnection},
     wakeup::Wakeup,
 };
@@ -61,6 +62,9 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Print outbox row counts per status and the age of the oldest pending row.
     Status,
+    /// Print one student's outbox rows (effect, status, attempts, last error, times, key,
+    /// result), one block per row, oldest first.
+    Show(ShowArgs),
     /// Put failed rows back to pending: rows that ran out of attempts with their key; rows
     /// Users rejected only with --new-key (a new operation). Before giving a new key, Users
     /// is asked (replay-only) about the old one: a user it created is linked instead.
@@ -87,6 +91,13 @@ pub struct RetryFailedRows {
     /// Every failed row.
     #[arg(long)]
     pub all: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// The student whose rows to show.
+    #[arg(long)]
+    pub student: Uuid,
 }
 
 #[derive(Debug, clap::Args)]
@@ -127,6 +138,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Some(Command::Run(config)) => run(&cli, &users, config.clone()).await,
         Some(Command::Replay(args)) => replay(&cli.database_url, &users, &args.selection()).await,
         Some(Command::Status) => status(&cli.database_url).await,
+        Some(Command::Show(args)) => show(&cli.database_url, args.student).await,
         Some(Command::RetryFailed(args)) => retry(&cli.database_url, &users, args).await,
     };
     result.unwrap_or_else(|err| fail(&err))
@@ -198,6 +210,17 @@ async fn status(database_url: &str) -> anyhow::Result<ExitCode> {
     let db = open_existing(database_url).await?;
     let report = status::read(&db).await?;
     status::print(&report, &mut std::io::stdout().lock())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show(database_url: &str, student: Uuid) -> anyhow::Result<ExitCode> {
+    let db = open_existing(database_url).await?;
+    let rows = show::read(&db, student).await?;
+    if rows.is_empty() {
+        eprintln!("no outbox row for student {student}");
+        return Ok(ExitCode::from(2));
+    }
+    show::print(&rows, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -16,6 +16,7 @@ mod finalize;
 mod pipeline;
 pub mod replay;
 pub mod retry_failed;
+pub mod show;
 mod startup;
 pub mod status;
 pub mod users_client;

@@ -615,6 +615,19 @@ pub struct OutboxReport {
     pub blocked: i64,
 }
 
+/// Every outbox row of `student_id`, in the order the relay delivers them (`relay show`).
+pub async fn rows_of_student(
+    db: &DatabaseConnection,
+    student_id: Uuid,
+) -> Result<Vec<outbox::Model>, DbErr> {
+    outbox::Entity::find()
+        .filter(outbox::Column::AggregateId.eq(student_id))
+        .order_by_asc(outbox::Column::AggregateVersion)
+        .order_by_asc(outbox::Column::Id)
+        .all(db)
+        .await
+}
+
 /// Reads the [`OutboxReport`].
 pub async fn report(db: &DatabaseConnection) -> Result<OutboxReport, DbErr> {
     let counts: Vec<(OutboxStatus, i64)> = outbox::Entity::find()

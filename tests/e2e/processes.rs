@@ -86,6 +86,42 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
         String::from_utf8_lossy(&status.stdout),
         "pending 0\nprocessing 0\ndone 20\nfailed 0\noldest_pending_age_seconds 0\nretrying 0\nblocked 0\n"
     );
+
+    // `relay show`: one student's rows as stored, its payload (personal data) left out.
+    let row = stack.outbox_rows().await.remove(0);
+    let student = row.aggregate_id.to_string();
+    let show = stack.relay_command(&["show", "--student", &student]);
+    let shown = String::from_utf8_lossy(&show.stdout);
+    assert_eq!(show.status.code(), Some(0), "{shown}");
+    let fields: Vec<(&str, &str)> = shown
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .collect();
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| *value)
+            .unwrap_or_else(|| panic!("no {name} in:\n{shown}"))
+    };
+    assert_eq!(field("outbox_id"), row.id.to_string());
+    assert_eq!(field("student"), student);
+    assert_eq!(field("effect"), "create-user");
+    assert_eq!(field("status"), "done");
+    assert_eq!(field("attempts"), row.attempts.to_string());
+    assert_eq!(field("idempotency_key"), row.idempotency_key);
+    assert_eq!(field("result"), links[&row.aggregate_id].to_string());
+    assert_eq!(field("error_code"), "-");
+    assert!(!shown.contains("@example"), "no e-mail printed:\n{shown}");
+
+    let unknown = uuid::Uuid::nil().to_string();
+    let show = stack.relay_command(&["show", "--student", &unknown]);
+    assert_eq!(show.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&show.stderr).contains("no outbox row for student"),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
 }
 
 async fn a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing(backend: Backend) {

@@ -1,0 +1,118 @@
+//! `relay show --student ID`: one student's outbox rows, oldest first, one block each, for
+//! an operator asking "what happened to this student's effects?". The payload (personal
+//! data) is not printed; the key, the state, the last error and the result are.
+
+use std::io::Write;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use sea_orm::{ActiveEnum as _, DatabaseConnection};
+use student_store::{entity::outbox as outbox_row, outbox};
+use uuid::Uuid;
+
+/// Reads `student`'s outbox rows, in the order the relay delivers them.
+pub async fn read(
+    db: &DatabaseConnection,
+    student: Uuid,
+) -> anyhow::Result<Vec<outbox_row::Model>> {
+    Ok(outbox::rows_of_student(db, student).await?)
+}
+
+/// Prints each row as a block of `name value` lines, blocks separated by an empty line;
+/// `-` stands for a value that is not set.
+pub fn print(rows: &[outbox_row::Model], out: &mut impl Write) -> std::io::Result<()> {
+    for (n, row) in rows.iter().enumerate() {
+        if n > 0 {
+            writeln!(out)?;
+        }
+        let fields = [
+            ("outbox_id", row.id.to_string()),
+            ("student", row.aggregate_id.to_string()),
+            ("version", row.aggregate_version.to_string()),
+            ("effect", row.effect_type.clone()),
+            ("status", row.status.to_value()),
+            ("attempts", row.attempts.to_string()),
+            ("idempotency_key", row.idempotency_key.clone()),
+            ("created_at", time(Some(row.created_at))),
+            ("available_at", time(Some(row.available_at))),
+            ("processed_at", time(row.processed_at)),
+            ("locked_by", text(row.locked_by.as_deref())),
+            ("locked_until", time(row.locked_until)),
+            (
+                "failure_kind",
+                text(row.failure_kind.map(|kind| kind.to_value()).as_deref()),
+            ),
+            ("error_code", text(row.error_code.as_deref())),
+            ("last_error", text(row.last_error.as_deref())),
+            ("result", text(row.result.as_deref())),
+        ];
+        for (name, value) in fields {
+            writeln!(out, "{name} {value}")?;
+        }
+    }
+    Ok(())
+}
+
+fn time(at: Option<DateTime<Utc>>) -> String {
+    at.map_or_else(
+        || "-".to_owned(),
+        |at| at.to_rfc3339_opts(SecondsFormat::Micros, true),
+    )
+}
+
+fn text(value: Option<&str>) -> String {
+    value.unwrap_or("-").to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use student_store::entity::outbox::{FailureKind, OutboxStatus};
+
+    use super::*;
+
+    fn row(id: i64, version: i64) -> outbox_row::Model {
+        let at = DateTime::parse_from_rfc3339("2026-12-01T10:00:00.123456Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        outbox_row::Model {
+            id,
+            aggregate_id: Uuid::nil(),
+            aggregate_version: version,
+            effect_type: "create-user".into(),
+            payload: serde_json::json!({ "email": "never@printed.example" }),
+            idempotency_key: format!("key-{id}"),
+            status: OutboxStatus::Failed,
+            attempts: 3,
+            last_error: Some("document_number is already used".into()),
+            available_at: at,
+            locked_until: None,
+            locked_by: None,
+            created_at: at,
+            processed_at: None,
+            result: None,
+            failure_kind: Some(FailureKind::Rejected),
+            error_code: Some("DOCUMENT_NUMBER_TAKEN".into()),
+            client_key: None,
+            request_hash: None,
+        }
+    }
+
+    #[test]
+    fn each_row_is_a_block_and_the_payload_is_never_printed() {
+        let mut out = Vec::new();
+        print(&[row(7, 1), row(9, 2)], &mut out).expect("write to memory");
+        let text = String::from_utf8(out).expect("utf-8");
+        let blocks: Vec<&str> = text.split("\n\n").collect();
+        assert_eq!(blocks.len(), 2, "{text}");
+        assert_eq!(
+            blocks[0],
+            "outbox_id 7\nstudent 00000000-0000-0000-0000-000000000000\nversion 1\n\
+             effect create-user\nstatus failed\nattempts 3\nidempotency_key key-7\n\
+             created_at 2026-12-01T10:00:00.123456Z\navailable_at 2026-12-01T10:00:00.123456Z\n\
+             processed_at -\nlocked_by -\nlocked_until -\nfailure_kind rejected\n\
+             error_code DOCUMENT_NUMBER_TAKEN\nlast_error document_number is already used\n\
+             result -"
+        );
+        assert!(blocks[1].starts_with("outbox_id 9\n"));
+        assert!(!text.contains("never@printed"), "{text}");
+    }
+}
