@@ -114,6 +114,26 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     assert_eq!(field("error_code"), "-");
     assert!(!shown.contains("@example"), "no e-mail printed:\n{shown}");
 
+    // `users-svc inbox show`: what Users saved for that row's key, the same user.
+    let inbox = stack.users_command(&["inbox", "show", "--key", &row.idempotency_key]);
+    let saved = String::from_utf8_lossy(&inbox.stdout);
+    assert_eq!(inbox.status.code(), Some(0), "{saved}");
+    let lines: Vec<&str> = saved.lines().collect();
+    assert_eq!(lines.len(), 4, "{saved}");
+    assert_eq!(lines[0], format!("idempotency_key {}", row.idempotency_key));
+    assert!(lines[1].starts_with("request_hash "), "{saved}");
+    assert!(lines[2].starts_with("created_at 20"), "{saved}");
+    assert_eq!(
+        lines[3],
+        format!(
+            r#"result {{"outcome":"created","user_id":"{}"}}"#,
+            links[&row.aggregate_id]
+        )
+    );
+    let inbox = stack.users_command(&["inbox", "show", "--key", "never-sent"]);
+    assert_eq!(inbox.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&inbox.stderr).contains("no inbox entry for key never-sent"));
+
     let unknown = uuid::Uuid::nil().to_string();
     let show = stack.relay_command(&["show", "--student", &unknown]);
     assert_eq!(show.status.code(), Some(2));

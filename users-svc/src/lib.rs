@@ -10,6 +10,7 @@ pub mod create_user;
 pub mod entity;
 mod error;
 pub mod inbox;
+pub mod inspect;
 mod new_user;
 
 use std::net::SocketAddr;
@@ -63,6 +64,30 @@ pub struct Config {
     /// A comma-separated list accepts each of them, to rotate a token with no failed call.
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// Serve (no subcommand), or inspect the Users DB and exit.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// One-shot commands on the Users DB (`--database-url` / `USERS_DATABASE_URL`).
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// The inbox of executed idempotency keys.
+    Inbox {
+        #[command(subcommand)]
+        action: InboxCommand,
+    },
+}
+
+/// What to do with the inbox.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum InboxCommand {
+    /// Print the saved fingerprint, answer and time of one key (exit 2 if it is unknown).
+    Show {
+        /// The idempotency key (a relay's outbox row key).
+        #[arg(long)]
+        key: String,
+    },
 }
 
 impl Config {

@@ -1,11 +1,19 @@
+use std::process::ExitCode;
+
 use anyhow::Context as _;
 use clap::Parser as _;
-use users_svc::Config;
+use users_svc::{Command, Config, InboxCommand};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     platform::telemetry::init();
     let config = Config::parse();
+    if let Some(Command::Inbox {
+        action: InboxCommand::Show { key },
+    }) = &config.command
+    {
+        return show_inbox_entry(&config.database_url, key).await;
+    }
     let options = config.server_options()?;
     let auth_tokens = config.auth_tokens()?;
     let shutdown = platform::shutdown::on_signal()?;
@@ -14,5 +22,26 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(addr = %listener.local_addr()?, tls = options.tls.is_some(), tokens = auth_tokens.as_ref().map_or(0, |t| t.count()), "users-svc listening");
-    users_svc::run(listener, db, options, auth_tokens, shutdown).await
+    users_svc::run(listener, db, options, auth_tokens, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `users-svc inbox show --key KEY`, on a database that already has its schema (a
+/// one-shot command never migrates).
+async fn show_inbox_entry(database_url: &str, key: &str) -> anyhow::Result<ExitCode> {
+    let db = platform::db::connect(database_url).await?;
+    let current = migrations::is_current::<migrations::users::Migrator>(&db)
+        .await
+        .unwrap_or(false);
+    anyhow::ensure!(
+        current,
+        "the Users DB has no schema yet: start users-svc first"
+    );
+    let mut out = std::io::stdout().lock();
+    if users_svc::inspect::show_inbox_entry(&db, key, &mut out).await? {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("no inbox entry for key {key}");
+        Ok(ExitCode::from(2))
+    }
 }

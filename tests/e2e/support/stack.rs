@@ -293,6 +293,17 @@ impl Stack {
         command.output().expect("run relay command")
     }
 
+    /// Runs a one-shot `users-svc` command (`inbox show …`) on this stack's Users DB.
+    pub fn users_command(&self, args: &[&str]) -> Output {
+        std::process::Command::new(binaries().join("users-svc"))
+            .env_clear()
+            .args(args)
+            .env("USERS_DATABASE_URL", &self.dbs.users_url)
+            .env("RUST_LOG", &self.log_filter)
+            .output()
+            .expect("run users-svc command")
+    }
+
     /// Creates students `range` through the student-svc process; returns their ids.
     pub async fn create_students(&self, range: std::ops::Range<usize>) -> Vec<String> {
         let mut client = self.student_client();
