@@ -135,7 +135,10 @@ def main():
                 print(f"  expected exit status {wanted}, got {exit_status}")
     finally:
         # Ctrl-C, as a person would: devstack must stop all three and exit cleanly.
-        os.killpg(stack.pid, signal.SIGINT)
+        try:
+            os.killpg(stack.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass  # devstack already exited; its own message says why
         try:
             rest, _ = stack.communicate(timeout=30)
             for line in rest.splitlines():
