@@ -1,5 +1,6 @@
-//! The delivery loop: claim due outbox rows, send each to Users with its stored key, record
-//! the answer. Delivery is at-least-once; Users' inbox makes the effect exactly-once.
+//! One row's delivery: claim due outbox rows, send each to Users with its stored key,
+//! record the answer (the continuous loop around it is `pipeline.rs`). Delivery is
+//! at-least-once; Users' inbox makes the effect exactly-once.
 
 use std::time::Instant;
 
