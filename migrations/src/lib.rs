@@ -69,6 +69,21 @@ pub async fn open<S: Schema>(
     Ok(db)
 }
 
+/// Opens a database whose schema `S` must already be current, for a one-shot command
+/// (`relay status`, `users-svc inbox show`, …): it never migrates, and says which service
+/// to start first when the schema is missing or behind.
+pub async fn open_existing<S: Schema>(url: &str) -> anyhow::Result<DatabaseConnection> {
+    let db = platform::db::connect(url).await?;
+    let current = is_current::<S>(&db).await.unwrap_or(false);
+    anyhow::ensure!(
+        current,
+        "the {} DB has no schema yet: start {}-svc first",
+        S::NAME,
+        S::NAME.to_lowercase()
+    );
+    Ok(db)
+}
+
 /// Tells whether every migration of `M` has been applied, without writing anything.
 pub async fn is_current<M: MigratorTrait>(db: &DatabaseConnection) -> Result<bool, DbErr> {
     Ok(M::get_pending_migrations_read_only(db).await?.is_empty())

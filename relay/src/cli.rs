@@ -198,7 +198,7 @@ async fn replay(
     users: &UsersConnection,
     selection: &replay::Selection,
 ) -> anyhow::Result<ExitCode> {
-    let db = open_existing(database_url).await?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
     let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
     let mut out = std::io::stdout().lock();
     let summary = replay::replay(&db, &users, selection, &mut out).await?;
@@ -207,14 +207,14 @@ async fn replay(
 }
 
 async fn status(database_url: &str) -> anyhow::Result<ExitCode> {
-    let db = open_existing(database_url).await?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
     let report = status::read(&db).await?;
     status::print(&report, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }
 
 async fn show(database_url: &str, student: Uuid) -> anyhow::Result<ExitCode> {
-    let db = open_existing(database_url).await?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
     let rows = show::read(&db, student).await?;
     if rows.is_empty() {
         eprintln!("no outbox row for student {student}");
@@ -229,7 +229,7 @@ async fn retry(
     users: &UsersConnection,
     args: &RetryFailedArgs,
 ) -> anyhow::Result<ExitCode> {
-    let db = open_existing(database_url).await?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
     let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
     let selection = match args.rows.id {
         Some(id) => retry_failed::Selection::Id(id),
@@ -240,17 +240,4 @@ async fn retry(
         retry_failed::retry_failed(&db, &users, selection, args.new_key, &mut out).await?;
     out.flush()?;
     Ok(ExitCode::from(summary.exit_code()))
-}
-
-/// Opens the Student DB for a one-shot command, which never waits for the schema.
-async fn open_existing(database_url: &str) -> anyhow::Result<sea_orm::DatabaseConnection> {
-    let db = platform::db::connect(database_url).await?;
-    let current = migrations::is_current::<migrations::student::Migrator>(&db)
-        .await
-        .unwrap_or(false);
-    anyhow::ensure!(
-        current,
-        "the Student DB has no schema yet: start student-svc first"
-    );
-    Ok(db)
 }

@@ -29,14 +29,7 @@ async fn main() -> anyhow::Result<ExitCode> {
 /// `users-svc inbox show --key KEY`, on a database that already has its schema (a
 /// one-shot command never migrates).
 async fn show_inbox_entry(database_url: &str, key: &str) -> anyhow::Result<ExitCode> {
-    let db = platform::db::connect(database_url).await?;
-    let current = migrations::is_current::<migrations::users::Migrator>(&db)
-        .await
-        .unwrap_or(false);
-    anyhow::ensure!(
-        current,
-        "the Users DB has no schema yet: start users-svc first"
-    );
+    let db = migrations::open_existing::<migrations::users::Migrator>(database_url).await?;
     let mut out = std::io::stdout().lock();
     if users_svc::inspect::show_inbox_entry(&db, key, &mut out).await? {
         Ok(ExitCode::SUCCESS)
