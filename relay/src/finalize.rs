@@ -72,24 +72,22 @@ async fn record_batches(
                 Err(_) => break,
             }
         }
-        let deliveries: Vec<_> = batch
-            .iter()
-            .map(|pending| (pending.row.clone(), pending.delivered))
-            .collect();
+        let (deliveries, replies): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .map(|pending| ((pending.row, pending.delivered), pending.reply))
+            .unzip();
         match outbox::record_deliveries(&db, &relay_id, &deliveries).await {
             Ok(results) => {
-                for (pending, result) in batch.into_iter().zip(results) {
-                    let _ = pending.reply.send(result);
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let _ = reply.send(result);
                 }
             }
             Err(err) => {
                 // Nothing of the batch was recorded: every row keeps its lease and is
                 // delivered again once it runs out (Users answers from its inbox).
                 let message = err.to_string();
-                for pending in batch {
-                    let _ = pending
-                        .reply
-                        .send(Err(RecordError::Db(DbErr::Custom(message.clone()))));
+                for reply in replies {
+                    let _ = reply.send(Err(RecordError::Db(DbErr::Custom(message.clone()))));
                 }
             }
         }
