@@ -1,7 +1,7 @@
 -- CreateStudent's transaction: the student and its create-user outbox row
 -- (student-store/src/students.rs: create). student-svc sends the NOTIFY that wakes the
 -- relays after the commit by default (student-store/src/wake.rs), outside this
--- transaction; create_student_notify.sql keeps it inside (--wake-relays in-transaction).
+-- transaction; loadgen also runs it with the NOTIFY inside (--wake-relays in-transaction).
 \set n random(1, 9000000000000000000)
 BEGIN;
 INSERT INTO students (id, first_name, last_name, email, document_number, user_id, client_key, request_hash, created_at, updated_at, version, synced_version, active)

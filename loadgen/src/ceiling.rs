@@ -50,6 +50,19 @@ pub struct Ceiling {
     pub create_notify_in_transaction_per_second: Option<f64>,
 }
 
+impl Ceiling {
+    /// A ceiling from its measured rates; the drain is the lower of the two it needs.
+    fn new(create: f64, users: f64, link: f64, create_notify_in_transaction: Option<f64>) -> Self {
+        Self {
+            create_per_second: create,
+            users_per_second: users,
+            link_per_second: link,
+            drain_per_second: link.min(users),
+            create_notify_in_transaction_per_second: create_notify_in_transaction,
+        }
+    }
+}
+
 /// The `library` ceiling: the project's own transaction functions, `clients` at a time,
 /// each for `seconds`.
 pub async fn library(backend: &Backend, clients: usize, seconds: u64) -> anyhow::Result<Ceiling> {
@@ -117,13 +130,12 @@ pub async fn library(backend: &Backend, clients: usize, seconds: u64) -> anyhow:
     student_db.close().await.ok();
     users_db.close().await.ok();
     databases.remove().await;
-    Ok(Ceiling {
+    Ok(Ceiling::new(
         create_per_second,
         users_per_second,
         link_per_second,
-        drain_per_second: link_per_second.min(users_per_second),
-        create_notify_in_transaction_per_second: None,
-    })
+        None,
+    ))
 }
 
 /// The `pgbench` ceiling on PostgreSQL: the scripts in `bench/pgbench/`, `clients` at a
@@ -146,13 +158,20 @@ pub async fn pgbench(admin_url: &str, clients: usize, seconds: u64) -> anyhow::R
         seconds,
         &[],
     )?;
-    let create_notify_in_transaction_per_second = run_pgbench(
-        &databases.student_url,
-        &scripts.join("create_student_notify.sql"),
-        clients,
-        seconds,
-        &[],
+    // The same transaction with the NOTIFY inside it (`--wake-relays in-transaction`).
+    let notifying =
+        std::env::temp_dir().join(format!("create_student_notify_{}.sql", std::process::id()));
+    std::fs::write(
+        &notifying,
+        std::fs::read_to_string(scripts.join("create_student.sql"))?.replace(
+            "COMMIT;",
+            &format!("NOTIFY {};\nCOMMIT;", student_store::OUTBOX_CHANNEL),
+        ),
     )?;
+    let create_notify_in_transaction_per_second =
+        run_pgbench(&databases.student_url, &notifying, clients, seconds, &[]);
+    std::fs::remove_file(&notifying).ok();
+    let create_notify_in_transaction_per_second = create_notify_in_transaction_per_second?;
     let rows = 200_000;
     student_db
         .execute_unprepared(
@@ -174,13 +193,12 @@ pub async fn pgbench(admin_url: &str, clients: usize, seconds: u64) -> anyhow::R
     student_db.close().await.ok();
     users_db.close().await.ok();
     databases.remove().await;
-    Ok(Ceiling {
+    Ok(Ceiling::new(
         create_per_second,
         users_per_second,
         link_per_second,
-        drain_per_second: link_per_second.min(users_per_second),
-        create_notify_in_transaction_per_second: Some(create_notify_in_transaction_per_second),
-    })
+        Some(create_notify_in_transaction_per_second),
+    ))
 }
 
 /// `locked_by` of the rows the library ceiling finalizes.
