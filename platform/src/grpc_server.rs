@@ -14,7 +14,7 @@ use tonic::{
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::overload::ShedLoadLayer;
+use crate::{metrics::GrpcMetricsLayer, overload::ShedLoadLayer};
 
 /// How often the health service re-checks that the database answers.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(2);
@@ -145,6 +145,8 @@ pub async fn serve(
     }
     let served = builder
         .timeout(limits.request_timeout)
+        // Outermost, so shed calls are counted too.
+        .layer(GrpcMetricsLayer)
         .layer(ShedLoadLayer::new(
             limits.max_concurrent_requests,
             RETRY_AFTER_OVERLOAD,

@@ -7,6 +7,7 @@ pub mod db;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod grpc_server;
+pub mod metrics;
 pub mod overload;
 pub mod redact;
 pub mod shutdown;

@@ -31,29 +31,6 @@ pub fn classify(status: &Status) -> Failure {
     }
 }
 
-/// The canonical upper-case name of a gRPC code, as in `ALREADY_EXISTS`.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,11 +71,5 @@ mod tests {
                 "{code:?}"
             );
         }
-    }
-
-    #[test]
-    fn code_names_are_the_canonical_ones() {
-        assert_eq!(code_name(Code::AlreadyExists), "ALREADY_EXISTS");
-        assert_eq!(code_name(Code::Unavailable), "UNAVAILABLE");
     }
 }

@@ -172,10 +172,15 @@ async fn run(cli: &Cli, users: &UsersConnection, config: RunConfig) -> anyhow::R
     config.validate()?;
     let database_url = cli.database_url.as_str();
     let shutdown = platform::shutdown::on_signal()?;
+    platform::metrics::serve_if_asked(config.metrics_addr, &shutdown).await?;
+    crate::metrics::describe();
     let Some(db) = crate::open_when_ready(database_url, cli.db_max_connections, &shutdown).await
     else {
         return Ok(ExitCode::SUCCESS);
     };
+    if config.metrics_addr.is_some() {
+        tokio::spawn(crate::metrics::watch_outbox(db.clone(), shutdown.clone()));
+    }
     let users_url = users.url.clone();
     let users = UsersClient::connect(users, config.call_timeout)?;
     let wakeup = Wakeup::for_database(database_url).await;

@@ -1,7 +1,7 @@
 //! The tuning of `relay run`: every flag with a `RELAY_*` environment variable and a
 //! default, and the checks that refuse a tuning that would break a guarantee.
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 /// The least time a claimed row may wait for its send before it would rather be released
 /// than sent (see [`RunConfig::validate`]).
@@ -43,6 +43,9 @@ pub struct RunConfig {
     /// Longest retry delay.
     #[arg(long, env = "RELAY_BACKOFF_MAX", default_value = "30s", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off when unset; port 0 picks one).
+    #[arg(long, env = "RELAY_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl RunConfig {
@@ -94,6 +97,7 @@ impl Default for RunConfig {
             max_attempts: 100,
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            metrics_addr: None,
         }
     }
 }

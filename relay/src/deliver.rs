@@ -5,7 +5,10 @@
 use std::time::Instant;
 
 use futures::StreamExt as _;
-use platform::failpoint::{self, points};
+use platform::{
+    failpoint::{self, points},
+    status::code_name,
+};
 use sea_orm::DatabaseConnection;
 use student_store::{
     effect::Effect,
@@ -18,7 +21,8 @@ use uuid::Uuid;
 use crate::{
     RunConfig,
     backoff::retry_delay,
-    classify::{Failure, classify, code_name},
+    classify::{Failure, classify},
+    metrics::{self, Outcome},
     users_client::UsersClient,
 };
 
@@ -107,7 +111,7 @@ impl Relay {
         let mut first_error = None;
         for result in results {
             match result {
-                Ok((Delivery::Delivered, _)) => outcome.delivered += 1,
+                Ok((Delivery::Delivered { .. }, _)) => outcome.delivered += 1,
                 Ok((Delivery::Retried, _)) => outcome.retried += 1,
                 Ok((Delivery::Failed, _)) => outcome.failed += 1,
                 Ok((Delivery::Superseded, _)) => outcome.superseded += 1,
@@ -161,9 +165,13 @@ impl Relay {
                 outbox_id = id,
                 "lease too short to send before it ends; releasing the row"
             );
+            metrics::delivery(&row.effect_type, Outcome::Released);
             return Ok((Delivery::Unsent, id));
         }
-        self.deliver(row).await.map(|delivery| (delivery, id))
+        let effect = row.effect_type.clone();
+        let delivery = self.deliver(row).await?;
+        metrics::delivery(&effect, delivery.outcome());
+        Ok((delivery, id))
     }
 
     async fn deliver(&self, row: outbox_row::Model) -> anyhow::Result<Delivery> {
@@ -177,11 +185,13 @@ impl Relay {
                 return self.fail(&row, FailureKind::Rejected, &problem).await;
             }
         };
-        let answer = match self
+        let call_started = Instant::now();
+        let answer = self
             .users
             .deliver(&row.idempotency_key, &effect, false)
-            .await
-        {
+            .await;
+        metrics::users_call(call_started.elapsed());
+        let answer = match answer {
             Ok(answer) => answer,
             Err(status) => return self.record_error(&row, &status).await,
         };
@@ -193,6 +203,7 @@ impl Relay {
         };
         match recorded {
             Ok(()) => {
+                metrics::link_latency(row.created_at);
                 let message = match delivered {
                     Delivered::UserCreated(_) => "delivered and linked",
                     Delivered::UserChanged(_) => "delivered and synced",
@@ -209,7 +220,9 @@ impl Relay {
                     relay = %self.id,
                     "{message}"
                 );
-                Ok(Delivery::Delivered)
+                Ok(Delivery::Delivered {
+                    replayed: answer.from_inbox,
+                })
             }
             Err(RecordError::ClaimLost(_)) => {
                 // Another relay took the row after this one's lease ran out (it gets the
@@ -305,9 +318,25 @@ impl Relay {
 
 /// What became of one claimed row.
 pub(crate) enum Delivery {
-    Delivered,
+    /// Recorded as done; `replayed` when Users answered from its inbox.
+    Delivered {
+        replayed: bool,
+    },
     Retried,
     Failed,
     Unsent,
     Superseded,
+}
+
+impl Delivery {
+    fn outcome(&self) -> Outcome {
+        match self {
+            Self::Delivered { replayed: false } => Outcome::Linked,
+            Self::Delivered { replayed: true } => Outcome::Replayed,
+            Self::Retried => Outcome::Retried,
+            Self::Failed => Outcome::Failed,
+            Self::Unsent => Outcome::Released,
+            Self::Superseded => Outcome::Superseded,
+        }
+    }
 }

@@ -13,6 +13,7 @@ pub mod cli;
 mod config;
 mod deliver;
 mod finalize;
+pub mod metrics;
 mod pipeline;
 pub mod replay;
 pub mod retry_failed;

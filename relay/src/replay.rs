@@ -13,10 +13,9 @@ use student_store::{
     outbox::{self, DoneRows},
 };
 
-use crate::{
-    classify::code_name,
-    users_client::{Answer, UsersClient},
-};
+use platform::status::code_name;
+
+use crate::users_client::{Answer, UsersClient};
 
 /// Totals of a replay run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -28,10 +28,9 @@ use student_store::{
 use tonic::Code;
 use uuid::Uuid;
 
-use crate::{
-    classify::code_name,
-    users_client::{UsersClient, was_replayed},
-};
+use platform::status::code_name;
+
+use crate::users_client::{UsersClient, was_replayed};
 
 /// Which failed rows to redrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,9 +6,9 @@ use sea_orm::DatabaseConnection;
 use student_store::outbox;
 pub use student_store::outbox::OutboxReport;
 
-/// Reads the report from the Student DB.
+/// Reads the report from the Student DB, counting `done` rows exactly.
 pub async fn read(db: &DatabaseConnection) -> anyhow::Result<OutboxReport> {
-    Ok(outbox::report(db).await?)
+    Ok(outbox::report(db, outbox::DoneCount::Exact).await?)
 }
 
 /// Prints the report as `relay status` does: one `NAME N` line per status (zeros

@@ -628,28 +628,49 @@ pub async fn rows_of_student(
         .await
 }
 
-/// Reads the [`OutboxReport`].
-pub async fn report(db: &DatabaseConnection) -> Result<OutboxReport, DbErr> {
-    let counts: Vec<(OutboxStatus, i64)> = outbox::Entity::find()
+/// How `done` rows are counted in an [`OutboxReport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoneCount {
+    /// Counted: `relay status`, an operator's question (cost grows with the history).
+    Exact,
+    /// On PostgreSQL, the planner's row estimate for the table minus the rows counted
+    /// exactly (the metrics gauge, read every few seconds by every relay); exact on SQLite.
+    Estimated,
+}
+
+/// Reads the [`OutboxReport`]. Every part but an exact `done` count reads only the rows
+/// still to deliver or failed, through the partial indexes `outbox_claimable` and
+/// `outbox_failed`, so its cost does not grow with the delivered history.
+pub async fn report(db: &DatabaseConnection, done: DoneCount) -> Result<OutboxReport, DbErr> {
+    let mut report = OutboxReport::default();
+    let undelivered: Vec<(OutboxStatus, i64)> = outbox::Entity::find()
         .select_only()
         .column(outbox::Column::Status)
         .column_as(outbox::Column::Id.count(), "rows")
+        .filter(outbox::Column::Status.is_in([OutboxStatus::Pending, OutboxStatus::Processing]))
         .group_by(outbox::Column::Status)
         .into_tuple()
         .all(db)
         .await?;
-    let mut report = OutboxReport::default();
-    for (status, rows) in counts {
+    for (status, rows) in undelivered {
         match status {
             OutboxStatus::Pending => report.pending = rows,
             OutboxStatus::Processing => report.processing = rows,
-            OutboxStatus::Done => report.done = rows,
-            OutboxStatus::Failed => report.failed = rows,
+            OutboxStatus::Done | OutboxStatus::Failed => {}
         }
     }
+    report.failed = count_with_status(db, OutboxStatus::Failed).await?;
+    report.done = match (done, db.get_database_backend()) {
+        (DoneCount::Estimated, DbBackend::Postgres) => match table_estimate(db).await? {
+            Some(rows) => Ord::max(rows - report.pending - report.processing - report.failed, 0),
+            None => count_with_status(db, OutboxStatus::Done).await?,
+        },
+        _ => count_with_status(db, OutboxStatus::Done).await?,
+    };
+    // Ids grow with creation, so the oldest undelivered row is the first in
+    // `outbox_claimable`: one index probe, not a sort of the backlog.
     let oldest: Option<outbox::Model> = outbox::Entity::find()
         .filter(outbox::Column::Status.is_in([OutboxStatus::Pending, OutboxStatus::Processing]))
-        .order_by_asc(outbox::Column::CreatedAt)
         .order_by_asc(outbox::Column::Id)
         .one(db)
         .await?;
@@ -676,6 +697,27 @@ pub async fn report(db: &DatabaseConnection) -> Result<OutboxReport, DbErr> {
     )
     .unwrap_or(i64::MAX);
     Ok(report)
+}
+
+async fn count_with_status(db: &DatabaseConnection, status: OutboxStatus) -> Result<i64, DbErr> {
+    let rows = outbox::Entity::find()
+        .filter(outbox::Column::Status.eq(status))
+        .count(db)
+        .await?;
+    Ok(i64::try_from(rows).unwrap_or(i64::MAX))
+}
+
+/// PostgreSQL's estimate of the outbox's rows (kept by autovacuum and ANALYZE); `None`
+/// before the table was ever analysed.
+async fn table_estimate(db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT reltuples::bigint AS rows FROM pg_class WHERE oid = 'outbox'::regclass",
+        ))
+        .await?;
+    let rows = row.map(|row| row.try_get::<i64>("", "rows")).transpose()?;
+    Ok(rows.filter(|rows| *rows >= 0))
 }
 
 /// `failed` rows, oldest first: the one with `id`, or all of them.

@@ -58,6 +58,9 @@ pub struct Config {
     /// PEM private key of --tls-cert.
     #[arg(long, env = "STUDENT_TLS_KEY")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off when unset; port 0 picks one).
+    #[arg(long, env = "STUDENT_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
     /// How CreateStudent gets the login user: `outbox` (the design) or `direct` (calls
     /// Users itself: the naive baseline and anti-pattern, for benchmarks only).
     #[arg(long, env = "STUDENT_LINK_MODE", value_enum, default_value_t = LinkMode::Outbox)]

@@ -8,6 +8,7 @@ mod concurrency;
 mod crash_matrix;
 mod hostile_input;
 mod leases;
+mod operations;
 mod processes;
 mod redrive;
 mod reflection;

@@ -16,6 +16,7 @@ use crate::{
     entity::{inbox::SavedOutcome, users},
     error::Error,
     inbox::{Answer, Mode},
+    metrics,
     new_user::NewUser,
 };
 
@@ -39,8 +40,10 @@ impl UsersService for UsersApi {
     ) -> Result<Response<CreateUserResponse>, Status> {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = mode(&request);
-        let new = NewUser::try_from(request.into_inner())?;
-        let answer = create_user::create_user(&self.db, new, mode).await?;
+        let new = NewUser::try_from(request.into_inner()).map_err(metrics::invalid)?;
+        let answer = create_user::create_user(&self.db, new, mode).await;
+        metrics::inbox_request("CreateUser", &answer);
+        let answer = answer?;
         encode_answer(answer, |outcome| match outcome {
             SavedOutcome::Created { user_id } => Some(CreateUserResponse {
                 user_id: user_id.to_string(),
@@ -56,8 +59,10 @@ impl UsersService for UsersApi {
     ) -> Result<Response<UpdateUserResponse>, Status> {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = mode(&request);
-        let change = UserChange::try_from(request.into_inner())?;
-        let answer = change_user::change_user(&self.db, change, mode).await?;
+        let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
+        let answer = change_user::change_user(&self.db, change, mode).await;
+        metrics::inbox_request("UpdateUser", &answer);
+        let answer = answer?;
         encode_answer(answer, |outcome| {
             applied(outcome).map(|(user_id, applied)| UpdateUserResponse {
                 user_id: user_id.to_string(),
@@ -73,8 +78,10 @@ impl UsersService for UsersApi {
     ) -> Result<Response<DisableUserResponse>, Status> {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = mode(&request);
-        let change = UserChange::try_from(request.into_inner())?;
-        let answer = change_user::change_user(&self.db, change, mode).await?;
+        let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
+        let answer = change_user::change_user(&self.db, change, mode).await;
+        metrics::inbox_request("DisableUser", &answer);
+        let answer = answer?;
         encode_answer(answer, |outcome| {
             applied(outcome).map(|(user_id, applied)| DisableUserResponse {
                 user_id: user_id.to_string(),
@@ -85,7 +92,9 @@ impl UsersService for UsersApi {
 
     #[tracing::instrument(name = "GetUser", skip_all)]
     async fn get_user(&self, request: Request<GetUserRequest>) -> Result<Response<User>, Status> {
-        let id = validate::uuid("id", &request.into_inner().id).map_err(Error::from)?;
+        let id = validate::uuid("id", &request.into_inner().id)
+            .map_err(metrics::invalid)
+            .map_err(Error::from)?;
         let user = users::Entity::find_by_id(id)
             .one(&self.db)
             .await

@@ -92,7 +92,10 @@ impl Interceptor for RequireToken {
         match presented {
             Some(given) if tokens.accepts(given) => Ok(request),
             // The same answer whether the header is missing, malformed or wrong.
-            _ => Err(Status::unauthenticated("missing or invalid bearer token")),
+            _ => {
+                crate::metrics::rejected("UNAUTHENTICATED");
+                Err(Status::unauthenticated("missing or invalid bearer token"))
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod entity;
 mod error;
 pub mod inbox;
 pub mod inspect;
+pub mod metrics;
 mod new_user;
 
 use std::net::SocketAddr;
@@ -60,6 +61,9 @@ pub struct Config {
     /// PEM private key of --tls-cert.
     #[arg(long, env = "USERS_TLS_KEY")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off when unset; port 0 picks one).
+    #[arg(long, env = "USERS_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
     /// Require `authorization: Bearer <token>` on CreateUser and GetUser (16 bytes or more).
     /// A comma-separated list accepts each of them, to rotate a token with no failed call.
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]

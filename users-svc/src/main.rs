@@ -17,6 +17,8 @@ async fn main() -> anyhow::Result<ExitCode> {
     let options = config.server_options()?;
     let auth_tokens = config.auth_tokens()?;
     let shutdown = platform::shutdown::on_signal()?;
+    platform::metrics::serve_if_asked(config.metrics_addr, &shutdown).await?;
+    users_svc::metrics::describe();
     let db = users_svc::open_database(&config.database_url, config.db_max_connections).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

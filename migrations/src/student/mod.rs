@@ -10,6 +10,7 @@ mod m20261201_000005_outbox_available_at_from_database_clock;
 mod m20261201_000006_outbox_error_code;
 mod m20261201_000007_student_versions;
 mod m20261201_000008_outbox_claimable_index;
+mod m20261201_000009_outbox_retention_indexes;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -26,6 +27,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000006_outbox_error_code::Migration),
             Box::new(m20261201_000007_student_versions::Migration),
             Box::new(m20261201_000008_outbox_claimable_index::Migration),
+            Box::new(m20261201_000009_outbox_retention_indexes::Migration),
         ]
     }
 }

@@ -5,6 +5,7 @@ pub mod app;
 pub mod certs;
 pub mod databases;
 pub mod invariants;
+pub mod metrics;
 pub mod proxy;
 pub mod stack;
 

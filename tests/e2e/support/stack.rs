@@ -87,12 +87,23 @@ impl Stack {
 
     /// Like [`Stack::start`], with `RUST_LOG=log_filter` for every process.
     pub async fn start_logging(backend: Backend, log_filter: &str) -> Option<Self> {
+        Self::start_with(backend, log_filter, &[]).await
+    }
+
+    /// Like [`Stack::start`], every process serving Prometheus metrics on a port of its
+    /// own (see [`Stack::metrics_addr`]).
+    pub async fn start_with_metrics(backend: Backend) -> Option<Self> {
+        Self::start_with(backend, "info", &["--metrics-addr", "127.0.0.1:0"]).await
+    }
+
+    /// Starts the stack with `extra` flags for all three binaries (the relay's after `run`).
+    async fn start_with(backend: Backend, log_filter: &str, extra: &[&str]) -> Option<Self> {
         let dbs = TestDatabases::create(backend).await?;
         let (users_proxy, student_proxy) = (Proxy::start().await, Proxy::start().await);
-        let users = start_service(&dbs, log_filter, "users-svc", &users_proxy, None, &[]).await;
-        let relay = spawn_relay(&dbs, log_filter, 0, users_proxy.addr(), None, &[]);
+        let users = start_service(&dbs, log_filter, "users-svc", &users_proxy, None, extra).await;
+        let relay = spawn_relay(&dbs, log_filter, 0, users_proxy.addr(), None, extra);
         let student =
-            start_service(&dbs, log_filter, "student-svc", &student_proxy, None, &[]).await;
+            start_service(&dbs, log_filter, "student-svc", &student_proxy, None, extra).await;
         let student_db = platform::db::connect(&dbs.student_url)
             .await
             .expect("Student DB");
@@ -455,6 +466,22 @@ impl Stack {
             },
         )
         .await
+    }
+
+    /// Where `name` (`users-svc`, `student-svc`, `relay-N`) serves its metrics: the address
+    /// it logged last (a restarted process appends to the same log).
+    pub async fn metrics_addr(&self, name: &str) -> SocketAddr {
+        let log = self.wait_for_log_lines(name, "metrics_addr=", 1).await;
+        let line = log
+            .lines()
+            .rev()
+            .find(|line| line.contains("metrics_addr="))
+            .expect("a metrics line");
+        let rest = &line[line.find("metrics_addr=").expect("found") + "metrics_addr=".len()..];
+        rest.split_whitespace()
+            .next()
+            .and_then(|addr| addr.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
     }
 
     /// Waits until the relays' logs together hold `count` lines containing `needle`.

@@ -1,0 +1,127 @@
+//! The relay's metrics (served by `platform::metrics` when `--metrics-addr` is given).
+//!
+//! The gauges are read from the Student DB, so every relay reports the whole outbox, right
+//! however many relays run; the counters and histograms are this relay's own work.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::DatabaseConnection;
+use student_store::outbox::{self, DoneCount, OutboxReport};
+use tokio_util::sync::CancellationToken;
+
+pub const DELIVERIES: &str = "relay_deliveries_total";
+pub const USERS_CALL_SECONDS: &str = "relay_users_call_seconds";
+pub const LINK_LATENCY_SECONDS: &str = "outbox_link_latency_seconds";
+pub const OUTBOX_ROWS: &str = "outbox_rows";
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+
+/// How often the gauges are read from the database. Each read touches only the rows still
+/// to deliver and the failed ones (see `outbox::report`), never the delivered history.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What became of one claimed row, as counted in `relay_deliveries_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Users executed the effect now and the row is done.
+    Linked,
+    /// Users answered from its inbox (an earlier attempt had executed it); the row is done.
+    Replayed,
+    /// A transient failure; the row waits for its next attempt.
+    Retried,
+    /// Rejected, undeliverable or out of attempts; the row is `failed`.
+    Failed,
+    /// Handed back unsent (too little lease left, or stopping); no attempt was used.
+    Released,
+    /// Another relay had taken the row over; nothing was recorded.
+    Superseded,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Linked => "linked",
+            Self::Replayed => "replayed",
+            Self::Retried => "retried",
+            Self::Failed => "failed",
+            Self::Released => "released",
+            Self::Superseded => "superseded",
+        }
+    }
+}
+
+/// Gives each metric its help text; call once after the recorder is installed.
+pub fn describe() {
+    metrics::describe_counter!(
+        DELIVERIES,
+        "Outbox rows this relay handled, by effect and outcome"
+    );
+    metrics::describe_histogram!(
+        USERS_CALL_SECONDS,
+        metrics::Unit::Seconds,
+        "Duration of each call to Users, whatever its answer"
+    );
+    metrics::describe_histogram!(
+        LINK_LATENCY_SECONDS,
+        metrics::Unit::Seconds,
+        "From an outbox row's creation to its delivery being recorded (done)"
+    );
+    metrics::describe_gauge!(
+        OUTBOX_ROWS,
+        "Outbox rows by status, read from the Student DB (done: estimated on PostgreSQL)"
+    );
+    metrics::describe_gauge!(
+        OLDEST_PENDING_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest row not yet delivered (0 when none)"
+    );
+}
+
+/// Counts one handled row.
+pub fn delivery(effect: &str, outcome: Outcome) {
+    metrics::counter!(DELIVERIES, "effect" => effect.to_owned(), "outcome" => outcome.label())
+        .increment(1);
+}
+
+/// Times one call to Users.
+pub fn users_call(elapsed: Duration) {
+    metrics::histogram!(USERS_CALL_SECONDS).record(elapsed);
+}
+
+/// Records how long a row took from creation to done (by the database's clock for
+/// `created_at`, this machine's for now; a skew shows as a shift, never a negative value).
+pub fn link_latency(created_at: DateTime<Utc>) {
+    let waited = (Utc::now() - created_at).to_std().unwrap_or_default();
+    metrics::histogram!(LINK_LATENCY_SECONDS).record(waited);
+}
+
+/// Sets the outbox gauges from a report.
+pub fn outbox_gauges(report: &OutboxReport) {
+    let statuses = [
+        ("pending", report.pending),
+        ("processing", report.processing),
+        ("done", report.done),
+        ("failed", report.failed),
+        ("blocked", report.blocked),
+    ];
+    for (status, rows) in statuses {
+        #[allow(clippy::cast_precision_loss)] // row counts stay far below 2^52
+        metrics::gauge!(OUTBOX_ROWS, "status" => status).set(rows as f64);
+    }
+    #[allow(clippy::cast_precision_loss)]
+    metrics::gauge!(OLDEST_PENDING_AGE).set(report.oldest_pending_age_seconds as f64);
+}
+
+/// Reads the outbox gauges from the database every few seconds until `shutdown`.
+pub async fn watch_outbox(db: DatabaseConnection, shutdown: CancellationToken) {
+    loop {
+        match outbox::report(&db, DoneCount::Estimated).await {
+            Ok(report) => outbox_gauges(&report),
+            Err(err) => tracing::warn!(error = %err, "cannot read the outbox gauges"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(GAUGE_INTERVAL) => {}
+        }
+    }
+}

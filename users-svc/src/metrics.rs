@@ -1,0 +1,54 @@
+//! Users' own metrics (served by `platform::metrics` when `--metrics-addr` is given): what
+//! the inbox did with each keyed request, and why requests were refused.
+
+use crate::{entity::inbox::SavedOutcome, error::Error, inbox::Answer};
+
+pub const INBOX_REQUESTS: &str = "inbox_requests_total";
+pub const REJECTED: &str = "users_rejected_total";
+
+/// Gives each metric its help text; call once after the recorder is installed.
+pub fn describe() {
+    metrics::describe_counter!(
+        INBOX_REQUESTS,
+        "Keyed requests by RPC and what the inbox did: executed, replayed (saved answer \
+         returned), key_reused, not_in_inbox (replay-only, unknown key), expired (older than \
+         the inbox retention and unknown)"
+    );
+    metrics::describe_counter!(
+        REJECTED,
+        "Requests refused, by reason: INVALID_ARGUMENT, UNAUTHENTICATED, IDEMPOTENCY_KEY_REUSED, \
+         DELIVERY_EXPIRED, or the reason of a rejection saved in the inbox (counted when executed)"
+    );
+}
+
+/// Counts one keyed request by what the inbox did with it, and a fresh rejection by reason.
+pub fn inbox_request(rpc: &'static str, answer: &Result<Answer, Error>) {
+    let result = match answer {
+        Ok(Answer { replayed: true, .. }) => "replayed",
+        Ok(Answer { outcome, .. }) => {
+            if let SavedOutcome::Rejected { reason, .. } = outcome {
+                rejected(reason.clone());
+            }
+            "executed"
+        }
+        Err(Error::KeyReused) => {
+            rejected("IDEMPOTENCY_KEY_REUSED");
+            "key_reused"
+        }
+        Err(Error::NotInInbox) => "not_in_inbox",
+        // The database failed: the inbox decided nothing (gRPC metrics count the INTERNAL).
+        Err(_) => return,
+    };
+    metrics::counter!(INBOX_REQUESTS, "rpc" => rpc, "result" => result).increment(1);
+}
+
+/// Counts a refused request.
+pub fn rejected(reason: impl Into<metrics::SharedString>) {
+    metrics::counter!(REJECTED, "reason" => reason).increment(1);
+}
+
+/// Counts a request refused for an invalid field, passing the error on.
+pub fn invalid<E>(err: E) -> E {
+    rejected("INVALID_ARGUMENT");
+    err
+}
