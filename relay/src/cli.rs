@@ -1,4 +1,4 @@
-//! The `relay` command line: `run` (the default), `replay`, `status`, `show`,
+//! The `relay` command line: `run` (the default), `replay`, `status`, `show`, `audit`,
 //! `retry-failed`.
 
 use std::{io::Write as _, process::ExitCode};
@@ -9,7 +9,7 @@ use uuid::Uuid;
 use anyhow::Context as _;
 
 use crate::{
-    Relay, RunConfig, replay, retry_failed, show, status,
+    Relay, RunConfig, audit, replay, retry_failed, show, status,
     users_client::{UsersClient, UsersConnection},
     wakeup::Wakeup,
 };
@@ -65,6 +65,11 @@ pub enum Command {
     /// Print one student's outbox rows (effect, status, attempts, last error, times, key,
     /// result), one block per row, oldest first.
     Show(ShowArgs),
+    /// Check that the two databases agree, asking Users through its API: every done row's
+    /// result is its student's link, every linked user exists and points back, no user is
+    /// shared. One line per problem, then `checked=N problems=N`; exit 0 clean, 1 on a
+    /// problem, 2 on an error.
+    Audit,
     /// Put failed rows back to pending: rows that ran out of attempts with their key; rows
     /// Users rejected only with --new-key (a new operation). Before giving a new key, Users
     /// is asked (replay-only) about the old one: a user it created is linked instead.
@@ -139,6 +144,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Some(Command::Replay(args)) => replay(&cli.database_url, &users, &args.selection()).await,
         Some(Command::Status) => status(&cli.database_url).await,
         Some(Command::Show(args)) => show(&cli.database_url, args.student).await,
+        Some(Command::Audit) => audit(&cli.database_url, &users).await,
         Some(Command::RetryFailed(args)) => retry(&cli.database_url, &users, args).await,
     };
     result.unwrap_or_else(|err| fail(&err))
@@ -227,6 +233,15 @@ async fn show(database_url: &str, student: Uuid) -> anyhow::Result<ExitCode> {
     }
     show::print(&rows, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn audit(database_url: &str, users: &UsersConnection) -> anyhow::Result<ExitCode> {
+    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
+    let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
+    let mut out = std::io::stdout().lock();
+    let summary = audit::audit(&db, &users, &mut out).await?;
+    out.flush()?;
+    Ok(ExitCode::from(summary.exit_code()))
 }
 
 async fn retry(

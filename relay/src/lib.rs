@@ -7,6 +7,7 @@
 //! The relay is part of Student's side: it reads and writes the Student DB and talks to
 //! Users only over gRPC.
 
+pub mod audit;
 mod backoff;
 pub mod classify;
 pub mod cli;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use proto::users::v1::{
-    CreateUserRequest, DisableUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest,
-    users_service_client::UsersServiceClient,
+    CreateUserRequest, DisableUserRequest, GetUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
+    UpdateUserRequest, User, users_service_client::UsersServiceClient,
 };
 use student_store::effect::{CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload};
 use tonic::{
@@ -135,6 +135,21 @@ impl UsersClient {
             applied: true,
             from_inbox,
         })
+    }
+
+    /// Reads user `id` (GetUser); `None` when Users has no such user.
+    pub async fn get_user(&self, id: Uuid) -> Result<Option<User>, Status> {
+        let request = Request::new(GetUserRequest { id: id.to_string() });
+        match self
+            .send(request, false, |mut client, request| async move {
+                client.get_user(request).await
+            })
+            .await
+        {
+            Ok(response) => Ok(Some(response.into_inner())),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
+            Err(status) => Err(status),
+        }
     }
 
     /// Sends an `update-user` effect under `key` (replay-only: answered from the inbox or

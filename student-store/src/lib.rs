@@ -7,6 +7,7 @@
 //! or one short transaction, opened and committed in one visible place. What clients see
 //! of a student's link is computed in [`sync`].
 
+pub mod audit;
 pub mod effect;
 pub mod entity;
 pub mod outbox;

@@ -60,6 +60,7 @@ async fn several_relays_deliver_each_effect_exactly_once(backend: Backend) {
     // Stopped before the final check, so a straggler cannot change anything after it.
     stack.stop_relays(Duration::from_secs(15));
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, students).await;
+    stack.assert_audit_clean(students);
     assert!(
         stack
             .outbox_rows()
@@ -134,6 +135,7 @@ async fn soak_with_random_kills_loses_and_duplicates_nothing(backend: Backend) {
     stack.wait_until_all_linked(students as u64).await;
     stack.stop_relays(Duration::from_secs(15));
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, students).await;
+    stack.assert_audit_clean(students);
 
     // From the relays' logs, for the report only: a relay killed right after a commit
     // never writes its log line, so these counts are not assertions.
@@ -222,6 +224,7 @@ async fn student_lives_reach_users_once_and_in_order_under_random_kills(backend:
     // Users shows every student as it is now, at its version; each effect ran once, in
     // version order (the invariant checks the inbox's execution times per student).
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, students).await;
+    stack.assert_audit_clean(students);
     eprintln!(
         "ordering under chaos ({backend:?}): {students} students, {relay_kills} relay kills, \
          {users_kills} users-svc kills"

@@ -86,6 +86,7 @@ async fn student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_on
     assert_eq!(again.id, first.id);
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
 }
 
 async fn student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key(backend: Backend) {
@@ -127,6 +128,7 @@ async fn student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key(ba
     assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 1));
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
 }
 
 async fn rows_committed_while_no_relay_runs_are_delivered_once(backend: Backend) {
@@ -146,6 +148,7 @@ async fn rows_committed_while_no_relay_runs_are_delivered_once(backend: Backend)
     stack.start_relay(None, &[]);
     stack.wait_until_all_linked(10).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 10).await;
+    stack.assert_audit_clean(10);
 }
 
 async fn relay_crash_after_claim_is_recovered_when_the_lease_expires(backend: Backend) {
@@ -169,6 +172,7 @@ async fn relay_crash_after_claim_is_recovered_when_the_lease_expires(backend: Ba
     stack.start_relay(None, &[]);
     stack.wait_until_all_linked(5).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 5).await;
+    stack.assert_audit_clean(5);
     assert!(
         stack
             .outbox_rows()
@@ -197,6 +201,7 @@ async fn users_crash_before_commit_rolls_back_and_the_retry_creates_once(backend
     stack.restart_users(None).await;
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
 }
 
 async fn users_crash_after_commit_is_answered_from_the_inbox(backend: Backend) {
@@ -218,6 +223,7 @@ async fn users_crash_after_commit_is_answered_from_the_inbox(backend: Backend) {
     stack.restart_users(None).await;
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
     // The redelivery was answered from the inbox.
     stack
         .wait_for_relay_log_lines("delivered and linked", 1)
@@ -254,6 +260,7 @@ async fn relay_crash_before_finalize_is_redelivered_and_answered_from_the_inbox(
     stack.start_relay(None, &[]);
     stack.wait_until_all_linked(3).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
+    stack.assert_audit_clean(3);
     // Every row Users had answered before the crash was answered again from its inbox.
     let log = stack
         .wait_for_relay_log_lines("delivered and linked", 3)
@@ -310,6 +317,7 @@ async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend
         finalized[0]
     );
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
     let row = stack.outbox_rows().await.remove(0);
     assert_eq!(row, linked, "A's late finalize changed nothing");
     assert_eq!((row.status, row.attempts), (OutboxStatus::Done, 2));
@@ -336,6 +344,7 @@ async fn users_slower_than_the_deadline_is_retried_and_creates_once(backend: Bac
     stack.create_students(0..1).await;
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
     let row = &stack.outbox_rows().await[0];
     assert_eq!(
         row.attempts, 2,
@@ -439,6 +448,8 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
         (1, 3),
         "one user; three keys judged"
     );
+    // A failed, unlinked student is not a disagreement between the databases.
+    stack.assert_audit_clean(1);
 }
 
 /// A linked student, then (no relay running) an update and a deactivation: two rows waiting,
@@ -457,6 +468,7 @@ async fn assert_changes_applied_once(stack: &mut Stack, id: &str) {
     stack.wait_until_all_synced(1).await;
     stack.stop_relays(std::time::Duration::from_secs(15));
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
     let student = stack
         .student_client()
         .get_student(GetStudentRequest { id: id.to_owned() })

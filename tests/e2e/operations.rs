@@ -1,22 +1,31 @@
 //! Day two, against the three real binaries: the metrics each exports move with the work
-//! done, and the alert rules and dashboard in `ops/` name only metrics that exist.
+//! done, and the alert rules and dashboard in `ops/` name only metrics that exist; `relay
+//! audit` finds every kind of disagreement between the two databases, and nothing else.
 
 use std::collections::BTreeSet;
 
 use proto::{student::v1::CreateStudentRequest, users::v1::CreateUserRequest};
+use sea_orm::{ColumnTrait as _, EntityTrait as _, QueryFilter as _, sea_query::Expr};
+use student_store::entity::students;
 use tonic::Code;
+use users_svc::entity::users;
+use uuid::Uuid;
 
 use crate::{
     on_both_backends,
     support::{
         Backend, conflicting_user_request, eventually,
+        invariants::assert_each_student_linked_exactly_once,
         metrics::{exported_names, label_names, ops_expressions, promql_names, sample, scrape},
         stack::{LINK_DEADLINE, Stack},
         student_request,
     },
 };
 
-on_both_backends!(metrics_of_each_process_move_as_work_is_done);
+on_both_backends!(
+    metrics_of_each_process_move_as_work_is_done,
+    audit_reports_each_disagreement_between_the_databases,
+);
 
 async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
     let Some(mut stack) = Stack::start_with_metrics(backend).await else {
@@ -224,4 +233,96 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         1.0,
         "{users}"
     );
+}
+
+async fn audit_reports_each_disagreement_between_the_databases(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let ids: Vec<Uuid> = stack
+        .create_students(0..4)
+        .await
+        .iter()
+        .map(|id| id.parse().expect("uuid"))
+        .collect();
+    stack.wait_until_all_linked(4).await;
+    stack.assert_audit_clean(4);
+
+    // Break the agreement on purpose, behind the services' backs.
+    let links =
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    let link = |n: usize| links[&ids[n]];
+    let set_link = |n: usize, user: Option<Uuid>| {
+        students::Entity::update_many()
+            .col_expr(students::Column::UserId, Expr::value(user))
+            .filter(students::Column::Id.eq(ids[n]))
+            .exec(&stack.student_db)
+    };
+    set_link(0, None).await.expect("unlink student 0");
+    set_link(1, Some(link(2)))
+        .await
+        .expect("link student 1 to student 2's user");
+    users::Entity::delete_by_id(link(3))
+        .exec(&stack.users_db)
+        .await
+        .expect("delete student 3's user");
+
+    let rows = stack.outbox_rows().await;
+    let row_of = |n: usize| {
+        rows.iter()
+            .find(|row| row.aggregate_id == ids[n])
+            .expect("a row per student")
+            .id
+    };
+    let audit = stack.relay_command(&["audit"]);
+    let stdout = String::from_utf8_lossy(&audit.stdout);
+    assert_eq!(audit.status.code(), Some(1), "{stdout}");
+    let (first, second) = if ids[1] < ids[2] {
+        (ids[1], ids[2])
+    } else {
+        (ids[2], ids[1])
+    };
+    let mut expected = vec![
+        format!("user {} is linked to 2 students: {first} {second}", link(2)),
+        format!(
+            "student {}: outbox row {} (create-user) is done with user {}, but the student is not linked",
+            ids[0],
+            row_of(0),
+            link(0)
+        ),
+        format!(
+            "student {}: outbox row {} (create-user) is done with user {}, but the student is linked to {}",
+            ids[1],
+            row_of(1),
+            link(1),
+            link(2)
+        ),
+        format!(
+            "student {}: linked to user {}, which Users says belongs to student {}",
+            ids[1],
+            link(2),
+            ids[2]
+        ),
+        format!(
+            "student {}: linked to user {}, which Users does not have",
+            ids[3],
+            link(3)
+        ),
+    ];
+    let mut lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
+    assert_eq!(
+        lines.pop().as_deref(),
+        Some("checked=4 problems=5"),
+        "{stdout}"
+    );
+    lines.sort();
+    expected.sort();
+    assert_eq!(lines, expected);
+
+    // Users not answering is an error, not a verdict.
+    stack.kill_users();
+    let audit = stack.relay_command(&["audit"]);
+    let stderr = String::from_utf8_lossy(&audit.stderr);
+    assert_eq!(audit.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot ask Users about user"), "{stderr}");
 }

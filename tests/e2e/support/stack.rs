@@ -304,6 +304,19 @@ impl Stack {
         command.output().expect("run relay command")
     }
 
+    /// Runs `relay audit` and asserts that it checked `students` students and found no
+    /// problem: the two databases agree, as seen through Users' API.
+    pub fn assert_audit_clean(&self, students: usize) {
+        let audit = self.relay_command(&["audit"]);
+        let stdout = String::from_utf8_lossy(&audit.stdout);
+        assert_eq!(
+            (audit.status.code(), stdout.as_ref()),
+            (Some(0), format!("checked={students} problems=0\n").as_str()),
+            "relay audit: {}",
+            String::from_utf8_lossy(&audit.stderr)
+        );
+    }
+
     /// Runs a one-shot `users-svc` command (`inbox show …`) on this stack's Users DB.
     pub fn users_command(&self, args: &[&str]) -> Output {
         std::process::Command::new(binaries().join("users-svc"))

@@ -1,0 +1,103 @@
+//! The Student side of `relay audit`: students in pages with their delivered rows and
+//! links, and users linked to more than one student. Reads only.
+
+use std::collections::HashMap;
+
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    sea_query::{Expr, ExprTrait},
+};
+use uuid::Uuid;
+
+use crate::entity::{
+    outbox::{self, OutboxStatus},
+    students,
+};
+
+/// One student as the audit checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditedStudent {
+    pub id: Uuid,
+    /// The user the student is linked to.
+    pub user_id: Option<Uuid>,
+    /// Its `done` outbox rows, oldest first.
+    pub done: Vec<outbox::Model>,
+}
+
+/// The next `limit` students after `after` (by id), each with its `done` rows.
+///
+/// The rows are read before the links: a row is marked done in the same transaction that
+/// links its student, so every done row read here has its link visible to the read that
+/// follows, even while relays keep delivering.
+pub async fn students_page(
+    db: &DatabaseConnection,
+    after: Option<Uuid>,
+    limit: u64,
+) -> Result<Vec<AuditedStudent>, DbErr> {
+    let mut ids = students::Entity::find()
+        .select_only()
+        .column(students::Column::Id)
+        .order_by_asc(students::Column::Id)
+        .limit(limit);
+    if let Some(after) = after {
+        ids = ids.filter(students::Column::Id.gt(after));
+    }
+    let ids: Vec<Uuid> = ids.into_tuple().all(db).await?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut done: HashMap<Uuid, Vec<outbox::Model>> = HashMap::new();
+    let rows = outbox::Entity::find()
+        .filter(outbox::Column::AggregateId.is_in(ids.iter().copied()))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
+        .order_by_asc(outbox::Column::Id)
+        .all(db)
+        .await?;
+    for row in rows {
+        done.entry(row.aggregate_id).or_default().push(row);
+    }
+    let links: Vec<(Uuid, Option<Uuid>)> = students::Entity::find()
+        .select_only()
+        .column(students::Column::Id)
+        .column(students::Column::UserId)
+        .filter(students::Column::Id.is_in(ids.iter().copied()))
+        .order_by_asc(students::Column::Id)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(links
+        .into_iter()
+        .map(|(id, user_id)| AuditedStudent {
+            id,
+            user_id,
+            done: done.remove(&id).unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// Every user linked to more than one student, with those students (by id).
+pub async fn shared_users(db: &DatabaseConnection) -> Result<Vec<(Uuid, Vec<Uuid>)>, DbErr> {
+    let users: Vec<Uuid> = students::Entity::find()
+        .select_only()
+        .column(students::Column::UserId)
+        .filter(students::Column::UserId.is_not_null())
+        .group_by(students::Column::UserId)
+        .having(Expr::col(students::Column::Id).count().gt(1))
+        .order_by_asc(students::Column::UserId)
+        .into_tuple()
+        .all(db)
+        .await?;
+    let mut shared = Vec::with_capacity(users.len());
+    for user in users {
+        let students: Vec<Uuid> = students::Entity::find()
+            .select_only()
+            .column(students::Column::Id)
+            .filter(students::Column::UserId.eq(user))
+            .order_by_asc(students::Column::Id)
+            .into_tuple()
+            .all(db)
+            .await?;
+        shared.push((user, students));
+    }
+    Ok(shared)
+}
