@@ -10,6 +10,7 @@ pub mod grpc_server;
 pub mod metrics;
 pub mod overload;
 pub mod redact;
+pub mod retention;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

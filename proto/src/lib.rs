@@ -24,6 +24,11 @@ pub mod users {
         /// Request metadata (value `true`) that forbids execution: CreateUser answers from
         /// the inbox or with NOT_FOUND, and never creates.
         pub const REPLAY_ONLY_HEADER: &str = "idempotency-replay-only";
+        /// Request metadata: when the caller issued the idempotency key (RFC 3339). A key
+        /// older than Users' inbox retention and not in the inbox is refused with
+        /// FAILED_PRECONDITION, reason `DELIVERY_EXPIRED`: Users cannot tell "never
+        /// executed" from "executed and purged", so it executes nothing.
+        pub const KEY_CREATED_AT_HEADER: &str = "idempotency-key-created-at";
 
         /// Encoded descriptors of `users.v1` and its imports, for server reflection.
         pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -180,6 +180,7 @@ mod tests {
                     error_code: None,
                     client_key: None,
                     request_hash: None,
+                    key_created_at: None,
                 })
                 .collect(),
         }

@@ -1,5 +1,6 @@
 //! Which answers from Users are final and which are worth another attempt.
 
+use student_store::entity::outbox::FailureKind;
 use tonic::{Code, Status};
 
 /// Whether a failed delivery should be retried.
@@ -28,6 +29,20 @@ pub fn classify(status: &Status) -> Failure {
         | Code::FailedPrecondition
         | Code::OutOfRange => Failure::Permanent,
         _ => Failure::Transient,
+    }
+}
+
+/// The `ErrorInfo` reason Users gives a key older than its inbox retention that it does not
+/// have: it cannot tell whether the key ran, so it executed nothing.
+pub const DELIVERY_EXPIRED: &str = "DELIVERY_EXPIRED";
+
+/// Why a permanent failure failed its row: `DELIVERY_EXPIRED` is a kind of its own, since
+/// redriving it needs an operator's check first (see `retry-failed`).
+pub fn permanent_failure_kind(reason: &str) -> FailureKind {
+    if reason == DELIVERY_EXPIRED {
+        FailureKind::Expired
+    } else {
+        FailureKind::Rejected
     }
 }
 

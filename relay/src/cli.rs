@@ -1,5 +1,5 @@
-//! The `relay` command line: `run` (the default), `replay`, `status`, `show`, `audit`,
-//! `retry-failed`.
+//! The `relay` command line: `run` (the default), `replay`, `status`, `show`, `purge`,
+//! `audit`, `retry-failed`.
 
 use std::{io::Write as _, process::ExitCode};
 
@@ -49,6 +49,11 @@ pub struct Cli {
     /// PostgreSQL). A relay mostly waits on Users, so few are enough.
     #[arg(long, env = "RELAY_DB_MAX_CONNECTIONS", default_value_t = 4, global = true, value_parser = clap::value_parser!(u32).range(1..))]
     pub db_max_connections: u32,
+    /// How long `done` rows are kept (`relay purge`, and `relay run` on its schedule). Keep
+    /// it as long as you may want to `relay replay` or inspect a delivery; Users' inbox must
+    /// keep keys longer than the relays retry them, not this.
+    #[arg(long, env = "RELAY_RETAIN_DONE", default_value = "7d", value_parser = humantime::parse_duration, global = true)]
+    pub retain_done: std::time::Duration,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -65,6 +70,9 @@ pub enum Command {
     /// Print one student's outbox rows (effect, status, attempts, last error, times, key,
     /// result), one block per row, oldest first.
     Show(ShowArgs),
+    /// Delete `done` rows older than --retain-done now, in small batches (never a row in any
+    /// other status); prints `purged=N`.
+    Purge,
     /// Check that the two databases agree, asking Users through its API: every done row's
     /// result is its student's link, every linked user exists and points back, no user is
     /// shared. One line per problem, then `checked=N problems=N`; exit 0 clean, 1 on a
@@ -145,6 +153,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Some(Command::Status) => status(&cli.database_url).await,
         Some(Command::Show(args)) => show(&cli.database_url, args.student).await,
         Some(Command::Audit) => audit(&cli.database_url, &users).await,
+        Some(Command::Purge) => purge(&cli.database_url, cli.retain_done).await,
         Some(Command::RetryFailed(args)) => retry(&cli.database_url, &users, args).await,
     };
     result.unwrap_or_else(|err| fail(&err))
@@ -187,6 +196,16 @@ async fn run(cli: &Cli, users: &UsersConnection, config: RunConfig) -> anyhow::R
     if config.metrics_addr.is_some() {
         tokio::spawn(crate::metrics::watch_outbox(db.clone(), shutdown.clone()));
     }
+    let (purging, retain_done) = (db.clone(), cli.retain_done);
+    tokio::spawn(platform::retention::on_schedule(
+        "done outbox rows",
+        config.purge_interval,
+        shutdown.clone(),
+        move || {
+            let db = purging.clone();
+            async move { student_store::outbox::purge_done(&db, retain_done).await }
+        },
+    ));
     let users_url = users.url.clone();
     let users = UsersClient::connect(users, config.call_timeout)?;
     let wakeup = Wakeup::for_database(database_url).await;
@@ -232,6 +251,13 @@ async fn show(database_url: &str, student: Uuid) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     show::print(&rows, &mut std::io::stdout().lock())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn purge(database_url: &str, retain_done: std::time::Duration) -> anyhow::Result<ExitCode> {
+    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
+    let purged = student_store::outbox::purge_done(&db, retain_done).await?;
+    println!("purged={purged}");
     Ok(ExitCode::SUCCESS)
 }
 

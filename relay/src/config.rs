@@ -46,6 +46,9 @@ pub struct RunConfig {
     /// Serve Prometheus metrics at http://ADDR/metrics (off when unset; port 0 picks one).
     #[arg(long, env = "RELAY_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// How often `relay run` deletes done rows past --retain-done (as `relay purge` does).
+    #[arg(long, env = "RELAY_PURGE_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub purge_interval: Duration,
 }
 
 impl RunConfig {
@@ -98,6 +101,7 @@ impl Default for RunConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             metrics_addr: None,
+            purge_interval: Duration::from_secs(3600),
         }
     }
 }
@@ -106,6 +110,16 @@ impl Default for RunConfig {
 mod tests {
     use super::*;
     use crate::backoff;
+
+    #[test]
+    fn users_is_told_the_retry_window_these_defaults_give() {
+        let defaults = RunConfig::default();
+        let longest_wait = defaults.backoff_max + defaults.call_timeout;
+        assert_eq!(
+            longest_wait * defaults.max_attempts,
+            platform::retention::RELAY_DEFAULT_RETRY_WINDOW
+        );
+    }
 
     #[test]
     fn defaults_ride_out_a_ten_minute_users_outage() {

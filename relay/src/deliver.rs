@@ -21,9 +21,9 @@ use uuid::Uuid;
 use crate::{
     RunConfig,
     backoff::retry_delay,
-    classify::{Failure, classify},
+    classify::{Failure, classify, permanent_failure_kind},
     metrics::{self, Outcome},
-    users_client::UsersClient,
+    users_client::{Key, UsersClient},
 };
 
 /// What one [`Relay::deliver_batch`] did.
@@ -186,10 +186,7 @@ impl Relay {
             }
         };
         let call_started = Instant::now();
-        let answer = self
-            .users
-            .deliver(&row.idempotency_key, &effect, false)
-            .await;
+        let answer = self.users.deliver(Key::of(&row), &effect, false).await;
         metrics::users_call(call_started.elapsed());
         let answer = match answer {
             Ok(answer) => answer,
@@ -290,8 +287,9 @@ impl Relay {
         let attempts = u32::try_from(row.attempts).unwrap_or(0);
         match classify(status) {
             Failure::Permanent => {
-                tracing::warn!(outbox_id = row.id, student_id = %row.aggregate_id, code, "rejected by Users, marked failed");
-                self.fail(row, FailureKind::Rejected, &problem).await
+                let kind = permanent_failure_kind(&problem.code);
+                tracing::warn!(outbox_id = row.id, student_id = %row.aggregate_id, code, reason = %problem.code, "rejected by Users, marked failed");
+                self.fail(row, kind, &problem).await
             }
             Failure::Transient if attempts >= self.config.max_attempts => {
                 tracing::error!(

@@ -15,7 +15,7 @@ use student_store::{
 
 use platform::status::code_name;
 
-use crate::users_client::{Answer, UsersClient};
+use crate::users_client::{Answer, Key, UsersClient};
 
 /// Totals of a replay run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +102,7 @@ pub async fn replay(
 async fn replay_one(users: &UsersClient, row: &outbox_row::Model) -> Result<Answer, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload).map_err(|err| err.to_string())?;
     users
-        .deliver(&row.idempotency_key, &effect, true)
+        .deliver(Key::of(row), &effect, true)
         .await
         .map_err(|status| format!("{}: {}", code_name(status.code()), status.message()))
 }

@@ -14,6 +14,11 @@
 //! only a key Users never executed (`NOT_IN_INBOX`) or a saved rejection lets the row take
 //! a new key.
 //!
+//! A row Users refused as *expired* (its key older than Users' inbox retention) is never
+//! redriven without `--new-key`, and the tool says what to check first: Users no longer
+//! keeps the old key, so the replay-only question cannot tell "never executed" from
+//! "executed and purged".
+//!
 //! The question is safe to ask: a `failed` row is held by no relay, and every send ends
 //! inside its lease, so no call with the old key is still on its way to Users.
 
@@ -30,7 +35,7 @@ use uuid::Uuid;
 
 use platform::status::code_name;
 
-use crate::users_client::{UsersClient, was_replayed};
+use crate::users_client::{Key, UsersClient, was_replayed};
 
 /// Which failed rows to redrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,15 +99,22 @@ pub async fn retry_failed(
     }
     for row in rows {
         let line = format!("id={} key={}", row.id, row.idempotency_key);
-        let exhausted = row.failure_kind == Some(FailureKind::Exhausted);
         if !new_key {
-            if !exhausted {
-                writeln!(
-                    out,
-                    "{line} skipped: rejected; the same key gets the same answer, use --new-key"
-                )?;
-                summary.skipped += 1;
-                continue;
+            match row.failure_kind {
+                Some(FailureKind::Exhausted) => {}
+                Some(FailureKind::Expired) => {
+                    writeln!(out, "{line} skipped: {}", expired_advice(&row))?;
+                    summary.skipped += 1;
+                    continue;
+                }
+                Some(FailureKind::Rejected) | None => {
+                    writeln!(
+                        out,
+                        "{line} skipped: rejected; the same key gets the same answer, use --new-key"
+                    )?;
+                    summary.skipped += 1;
+                    continue;
+                }
             }
             // The same operation tried again: safe whatever Users did with the key.
             if outbox::redrive(db, &row, &row.idempotency_key).await? {
@@ -167,11 +179,29 @@ pub async fn retry_failed(
     Ok(summary)
 }
 
+/// What an operator must check before giving an expired row a new key: Users no longer
+/// keeps the old key, so neither it nor this tool can tell whether the effect took place.
+fn expired_advice(row: &outbox_row::Model) -> String {
+    let effect = match row.effect_type.as_str() {
+        "create-user" => "has a user (GetUser, or users.student_id in the Users DB)".to_owned(),
+        _ => format!(
+            "has a user already at source_version {} or later",
+            row.aggregate_version
+        ),
+    };
+    format!(
+        "expired; Users no longer keeps keys this old, so it cannot tell whether this one ran. \
+         Check whether student {} {effect}: if it does, leave the row failed (or fix the \
+         link by hand); if not, use --new-key",
+        row.aggregate_id
+    )
+}
+
 /// Asks Users, replay-only (it can never execute), what the row's key got.
 async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Result<OldKey, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload)
         .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
-    match users.deliver(&row.idempotency_key, &effect, true).await {
+    match users.deliver(Key::of(row), &effect, true).await {
         Ok(answer) => Ok(OldKey::Executed(Delivered::of(&effect, answer.user_id))),
         Err(status)
             if status.code() == Code::NotFound

@@ -32,6 +32,7 @@ pub fn print(rows: &[outbox_row::Model], out: &mut impl Write) -> std::io::Resul
             ("status", row.status.to_value()),
             ("attempts", row.attempts.to_string()),
             ("idempotency_key", row.idempotency_key.clone()),
+            ("key_issued_at", time(Some(row.key_issued_at()))),
             ("created_at", time(Some(row.created_at))),
             ("available_at", time(Some(row.available_at))),
             ("processed_at", time(row.processed_at)),
@@ -93,6 +94,7 @@ mod tests {
             error_code: Some("DOCUMENT_NUMBER_TAKEN".into()),
             client_key: None,
             request_hash: None,
+            key_created_at: None,
         }
     }
 
@@ -107,6 +109,7 @@ mod tests {
             blocks[0],
             "outbox_id 7\nstudent 00000000-0000-0000-0000-000000000000\nversion 1\n\
              effect create-user\nstatus failed\nattempts 3\nidempotency_key key-7\n\
+             key_issued_at 2026-12-01T10:00:00.123456Z\n\
              created_at 2026-12-01T10:00:00.123456Z\navailable_at 2026-12-01T10:00:00.123456Z\n\
              processed_at -\nlocked_by -\nlocked_until -\nfailure_kind rejected\n\
              error_code DOCUMENT_NUMBER_TAKEN\nlast_error document_number is already used\n\

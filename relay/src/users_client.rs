@@ -4,11 +4,16 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use chrono::{DateTime, Utc};
 use proto::users::v1::{
-    CreateUserRequest, DisableUserRequest, GetUserRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
-    UpdateUserRequest, User, users_service_client::UsersServiceClient,
+    CreateUserRequest, DisableUserRequest, GetUserRequest, KEY_CREATED_AT_HEADER,
+    REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest, User,
+    users_service_client::UsersServiceClient,
 };
-use student_store::effect::{CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload};
+use student_store::{
+    effect::{CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
+    entity::outbox as outbox_row,
+};
 use tonic::{
     Request, Status,
     metadata::{Ascii, MetadataValue},
@@ -22,6 +27,25 @@ pub struct UsersClient {
     inner: UsersServiceClient<Channel>,
     call_timeout: Duration,
     authorization: Option<MetadataValue<Ascii>>,
+}
+
+/// An outbox row's idempotency key as sent to Users, with when it was issued (metadata
+/// `idempotency-key-created-at`: Users refuses a key older than its inbox keeps keys rather
+/// than risk executing it twice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key<'a> {
+    pub value: &'a str,
+    pub issued_at: DateTime<Utc>,
+}
+
+impl<'a> Key<'a> {
+    /// The key `row` is delivered under.
+    pub fn of(row: &'a outbox_row::Model) -> Self {
+        Self {
+            value: &row.idempotency_key,
+            issued_at: row.key_issued_at(),
+        }
+    }
 }
 
 /// What Users answered to an effect's call.
@@ -112,12 +136,12 @@ impl UsersClient {
     /// NOT_FOUND, and never creates.
     pub async fn create_user(
         &self,
-        key: &str,
+        key: Key<'_>,
         payload: &CreateUserPayload,
         replay_only: bool,
     ) -> Result<Answer, Status> {
         let request = Request::new(CreateUserRequest {
-            idempotency_key: key.to_owned(),
+            idempotency_key: key.value.to_owned(),
             email: payload.email.clone(),
             first_name: payload.first_name.clone(),
             last_name: payload.last_name.clone(),
@@ -125,9 +149,12 @@ impl UsersClient {
             student_id: payload.student_id.to_string(),
         });
         let response = self
-            .send(request, replay_only, |mut client, request| async move {
-                client.create_user(request).await
-            })
+            .send(
+                request,
+                Some(key),
+                replay_only,
+                |mut client, request| async move { client.create_user(request).await },
+            )
             .await?;
         let from_inbox = was_replayed_response(response.metadata());
         Ok(Answer {
@@ -141,7 +168,7 @@ impl UsersClient {
     pub async fn get_user(&self, id: Uuid) -> Result<Option<User>, Status> {
         let request = Request::new(GetUserRequest { id: id.to_string() });
         match self
-            .send(request, false, |mut client, request| async move {
+            .send(request, None, false, |mut client, request| async move {
                 client.get_user(request).await
             })
             .await
@@ -156,12 +183,12 @@ impl UsersClient {
     /// NOT_FOUND, never executed).
     pub async fn update_user(
         &self,
-        key: &str,
+        key: Key<'_>,
         payload: &UpdateUserPayload,
         replay_only: bool,
     ) -> Result<Answer, Status> {
         let request = Request::new(UpdateUserRequest {
-            idempotency_key: key.to_owned(),
+            idempotency_key: key.value.to_owned(),
             student_id: payload.student_id.to_string(),
             first_name: payload.first_name.clone(),
             last_name: payload.last_name.clone(),
@@ -169,9 +196,12 @@ impl UsersClient {
             source_version: payload.source_version,
         });
         let response = self
-            .send(request, replay_only, |mut client, request| async move {
-                client.update_user(request).await
-            })
+            .send(
+                request,
+                Some(key),
+                replay_only,
+                |mut client, request| async move { client.update_user(request).await },
+            )
             .await?;
         let from_inbox = was_replayed_response(response.metadata());
         let reply = response.into_inner();
@@ -186,19 +216,22 @@ impl UsersClient {
     /// [`UsersClient::update_user`]).
     pub async fn disable_user(
         &self,
-        key: &str,
+        key: Key<'_>,
         payload: &DisableUserPayload,
         replay_only: bool,
     ) -> Result<Answer, Status> {
         let request = Request::new(DisableUserRequest {
-            idempotency_key: key.to_owned(),
+            idempotency_key: key.value.to_owned(),
             student_id: payload.student_id.to_string(),
             source_version: payload.source_version,
         });
         let response = self
-            .send(request, replay_only, |mut client, request| async move {
-                client.disable_user(request).await
-            })
+            .send(
+                request,
+                Some(key),
+                replay_only,
+                |mut client, request| async move { client.disable_user(request).await },
+            )
             .await?;
         let from_inbox = was_replayed_response(response.metadata());
         let reply = response.into_inner();
@@ -212,7 +245,7 @@ impl UsersClient {
     /// Sends `effect` under `key`: the one place that maps an effect to its Users call.
     pub async fn deliver(
         &self,
-        key: &str,
+        key: Key<'_>,
         effect: &Effect,
         replay_only: bool,
     ) -> Result<Answer, Status> {
@@ -223,12 +256,13 @@ impl UsersClient {
         }
     }
 
-    /// Sends `request` with the token, the replay-only marker if asked, and the call's
-    /// deadline, which travels with it (grpc-timeout) so Users stops working on an answer
-    /// nobody waits for, and bounds the wait here.
+    /// Sends `request` with the token, when its key was issued, the replay-only marker if
+    /// asked, and the call's deadline, which travels with it (grpc-timeout) so Users stops
+    /// working on an answer nobody waits for, and bounds the wait here.
     async fn send<T, R, F, Fut>(
         &self,
         mut request: Request<T>,
+        key: Option<Key<'_>>,
         replay_only: bool,
         call: F,
     ) -> Result<tonic::Response<R>, Status>
@@ -240,6 +274,15 @@ impl UsersClient {
             request
                 .metadata_mut()
                 .insert("authorization", authorization.clone());
+        }
+        if let Some(key) = key {
+            let issued_at = key
+                .issued_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+            // An RFC 3339 time is printable ASCII.
+            if let Ok(value) = MetadataValue::try_from(issued_at) {
+                request.metadata_mut().insert(KEY_CREATED_AT_HEADER, value);
+            }
         }
         if replay_only {
             request

@@ -19,8 +19,8 @@ use platform::db::{begin_write, now, shared_now};
 use sea_orm::{
     ActiveEnum as _, ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, DbErr,
     EntityTrait, IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, Statement, TransactionTrait as _, UpdateMany,
-    sea_query::{Expr, ExprTrait},
+    QuerySelect, QueryTrait as _, Statement, TransactionTrait as _, UpdateMany,
+    sea_query::{Expr, ExprTrait, LockBehavior, LockType},
 };
 use uuid::Uuid;
 
@@ -434,6 +434,14 @@ pub async fn redrive(
     let redriven = outbox::Entity::update_many()
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
         .col_expr(outbox::Column::IdempotencyKey, Expr::value(key.to_owned()))
+        .col_expr(
+            outbox::Column::KeyCreatedAt,
+            if key == row.idempotency_key {
+                Expr::value(row.key_created_at)
+            } else {
+                Expr::value(Some(now()))
+            },
+        )
         .col_expr(outbox::Column::Attempts, Expr::value(0))
         .col_expr(
             outbox::Column::AvailableAt,
@@ -453,6 +461,39 @@ pub async fn redrive(
         .exec(db)
         .await?;
     Ok(redriven.rows_affected == 1)
+}
+
+/// Deletes the `done` rows finished more than `retention` ago, oldest first, in batches of
+/// one short statement each (found through `outbox_done_by_time`, never by a scan); never a
+/// `pending`, `processing` or `failed` row. Returns how many were deleted.
+///
+/// On PostgreSQL a batch skips rows another purge has locked, so relays purging at once
+/// never wait on each other.
+pub async fn purge_done(db: &DatabaseConnection, retention: Duration) -> Result<u64, DbErr> {
+    let horizon = now() - retention;
+    let backend = db.get_database_backend();
+    platform::retention::purge_all(|batch| async move {
+        let mut oldest = outbox::Entity::find()
+            .select_only()
+            .column(outbox::Column::Id)
+            .filter(outbox::Column::Status.eq(OutboxStatus::Done))
+            .filter(outbox::Column::ProcessedAt.lt(horizon))
+            .order_by_asc(outbox::Column::ProcessedAt)
+            .order_by_asc(outbox::Column::Id)
+            .limit(batch)
+            .into_query();
+        if backend == DbBackend::Postgres {
+            oldest.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+        }
+        let deleted = outbox::Entity::delete_many()
+            .filter(outbox::Column::Id.in_subquery(oldest))
+            // Checked again on the row deleted: only ever a done row.
+            .filter(outbox::Column::Status.eq(OutboxStatus::Done))
+            .exec(db)
+            .await?;
+        Ok(deleted.rows_affected)
+    })
+    .await
 }
 
 /// Restricts an update to the row as long as it is held by the claim `row` came from:

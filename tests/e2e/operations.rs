@@ -1,12 +1,17 @@
 //! Day two, against the three real binaries: the metrics each exports move with the work
 //! done, and the alert rules and dashboard in `ops/` name only metrics that exist; `relay
-//! audit` finds every kind of disagreement between the two databases, and nothing else.
+//! audit` finds every kind of disagreement between the two databases, and nothing else;
+//! retention deletes only delivered rows and old inbox keys, and a key older than the
+//! inbox's memory is refused, never executed a second time.
 
 use std::collections::BTreeSet;
 
 use proto::{student::v1::CreateStudentRequest, users::v1::CreateUserRequest};
 use sea_orm::{ColumnTrait as _, EntityTrait as _, QueryFilter as _, sea_query::Expr};
-use student_store::entity::students;
+use student_store::entity::{
+    outbox::{FailureKind, OutboxStatus},
+    students,
+};
 use tonic::Code;
 use users_svc::entity::users;
 use uuid::Uuid;
@@ -15,7 +20,9 @@ use crate::{
     on_both_backends,
     support::{
         Backend, conflicting_user_request, eventually,
-        invariants::assert_each_student_linked_exactly_once,
+        invariants::{
+            assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
+        },
         metrics::{exported_names, label_names, ops_expressions, promql_names, sample, scrape},
         stack::{LINK_DEADLINE, Stack},
         student_request,
@@ -25,6 +32,7 @@ use crate::{
 on_both_backends!(
     metrics_of_each_process_move_as_work_is_done,
     audit_reports_each_disagreement_between_the_databases,
+    retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
 );
 
 async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
@@ -325,4 +333,155 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     let stderr = String::from_utf8_lossy(&audit.stderr);
     assert_eq!(audit.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot ask Users about user"), "{stderr}");
+}
+
+async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    // Users keeps keys for two seconds and says at start-up that this is short.
+    stack
+        .restart_users_with(
+            None,
+            &["--inbox-retention", "2s", "--inbox-purge-interval", "100ms"],
+        )
+        .await;
+    stack
+        .wait_for_log_lines(
+            "users-svc",
+            "the inbox retention is shorter than a relay's default retry window",
+            1,
+        )
+        .await;
+
+    // Two students linked (done rows), one failed (rejected), one pending (no relay).
+    stack.create_students(0..2).await;
+    stack.wait_until_all_linked(2).await;
+    stack
+        .users_client()
+        .create_user(conflicting_user_request(2))
+        .await
+        .expect("somebody else holds student 2's document number");
+    stack.create_students(2..3).await;
+    let failed = eventually("student 2's row fails", LINK_DEADLINE, || async {
+        let rows = stack.outbox_rows().await;
+        rows.into_iter()
+            .find(|row| row.status == OutboxStatus::Failed)
+    })
+    .await;
+    stack.kill_relays();
+    let waiting: Uuid = stack.create_students(3..4).await[0].parse().expect("uuid");
+
+    // `relay purge` deletes the done rows once they are a second old, and nothing else.
+    let kept = eventually("the done rows are purged", LINK_DEADLINE, || async {
+        let purge = stack.relay_command(&["purge", "--retain-done", "1s"]);
+        assert_eq!(purge.status.code(), Some(0), "{purge:?}");
+        let rows = stack.outbox_rows().await;
+        rows.iter()
+            .all(|row| row.status != OutboxStatus::Done)
+            .then_some(rows)
+    })
+    .await;
+    let statuses: Vec<_> = kept.iter().map(|row| (row.id, row.status)).collect();
+    let pending = kept
+        .iter()
+        .find(|row| row.aggregate_id == waiting)
+        .expect("the waiting row is kept");
+    assert_eq!(
+        statuses,
+        [
+            (failed.id, OutboxStatus::Failed),
+            (pending.id, OutboxStatus::Pending)
+        ]
+    );
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (4, 2));
+    let purge = stack.relay_command(&["purge", "--retain-done", "1s"]);
+    assert_eq!(String::from_utf8_lossy(&purge.stdout), "purged=0\n");
+
+    // Users' schedule empties its inbox of keys over two seconds old; the users stay.
+    eventually("the inbox is purged", LINK_DEADLINE, || async {
+        (users_and_inbox_rows(&stack.users_db).await == (3, 0)).then_some(())
+    })
+    .await;
+
+    // The waiting row's key is now older than Users' memory: delivered, it is refused,
+    // not executed (Users cannot tell it from a purged key), and fails as expired.
+    eventually(
+        "the waiting key is past the horizon",
+        LINK_DEADLINE,
+        || async {
+            (chrono::Utc::now() - pending.created_at > chrono::TimeDelta::milliseconds(2_500))
+                .then_some(())
+        },
+    )
+    .await;
+    stack.start_relay(None, &[]);
+    let expired = eventually("the waiting row fails", LINK_DEADLINE, || async {
+        let rows = stack.outbox_rows().await;
+        rows.into_iter()
+            .find(|row| row.id == pending.id && row.status == OutboxStatus::Failed)
+    })
+    .await;
+    assert_eq!(
+        (
+            expired.attempts,
+            expired.failure_kind,
+            expired.error_code.as_deref()
+        ),
+        (1, Some(FailureKind::Expired), Some("DELIVERY_EXPIRED"))
+    );
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (3, 0),
+        "nothing executed, nothing saved"
+    );
+
+    // retry-failed explains what to check, and re-keys only when told to.
+    let advice = stack.relay_command(&["retry-failed", "--all"]);
+    let stdout = String::from_utf8_lossy(&advice.stdout);
+    assert_eq!(advice.status.code(), Some(1), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].ends_with("skipped: rejected; the same key gets the same answer, use --new-key"),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[1],
+        format!(
+            "id={} key={} skipped: expired; Users no longer keeps keys this old, so it cannot \
+             tell whether this one ran. Check whether student {waiting} has a user (GetUser, or \
+             users.student_id in the Users DB): if it does, leave the row failed (or fix the \
+             link by hand); if not, use --new-key",
+            expired.id, expired.idempotency_key
+        )
+    );
+    assert_eq!(lines[2], "requeued=0 linked=0 skipped=2 errors=0");
+    let rekeyed =
+        stack.relay_command(&["retry-failed", "--id", &expired.id.to_string(), "--new-key"]);
+    assert_eq!(rekeyed.status.code(), Some(0), "{rekeyed:?}");
+    // The new key is as young as the redrive, so Users executes it.
+    stack.wait_until_all_linked(3).await;
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await.0, 4);
+    stack.assert_audit_clean(4);
+
+    // `relay run` purges on its own schedule too: the row just delivered goes, the failed
+    // one stays.
+    stack.kill_relays();
+    stack.start_relay(None, &["--retain-done", "1s", "--purge-interval", "100ms"]);
+    let rows = eventually(
+        "the relay's schedule purges the done row",
+        LINK_DEADLINE,
+        || async {
+            let rows = stack.outbox_rows().await;
+            (rows.len() == 1).then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(
+        (rows[0].id, rows[0].status),
+        (failed.id, OutboxStatus::Failed)
+    );
 }

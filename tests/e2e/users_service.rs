@@ -11,7 +11,12 @@ use uuid::Uuid;
 
 use crate::{
     on_both_backends,
-    support::{Backend, invariants::users_and_inbox_rows, spawn_app},
+    support::{
+        Backend,
+        app::{AppOptions, spawn_app_with},
+        invariants::users_and_inbox_rows,
+        spawn_app,
+    },
 };
 
 on_both_backends!(
@@ -22,7 +27,101 @@ on_both_backends!(
     invalid_create_user_fields_are_named_and_nothing_is_stored,
     another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays,
     get_user_returns_the_user_or_names_the_problem,
+    a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not,
+    a_malformed_key_time_is_refused_naming_it,
 );
+
+/// `message` under metadata `idempotency-key-created-at: issued_at`.
+fn issued_at(message: CreateUserRequest, issued_at: &str) -> Request<CreateUserRequest> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "idempotency-key-created-at",
+        issued_at.parse().expect("ASCII metadata"),
+    );
+    request
+}
+
+fn hours_ago(hours: i64) -> String {
+    (chrono::Utc::now() - chrono::TimeDelta::hours(hours))
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+async fn a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not(
+    backend: Backend,
+) {
+    let options = AppOptions {
+        inbox: users_svc::InboxRetention {
+            retention: std::time::Duration::from_secs(3600),
+            ..users_svc::InboxRetention::default()
+        },
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app_with(backend, options).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    // Issued just now: executed as usual.
+    let created = users
+        .create_user(issued_at(request("key-1"), &hours_ago(0)))
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id;
+    // The same key, said to be two hours old (past the one-hour retention) but still in the
+    // inbox: its saved answer, as always.
+    let again = users
+        .create_user(issued_at(request("key-1"), &hours_ago(2)))
+        .await
+        .expect("answered from the inbox");
+    assert!(again.metadata().get("idempotent-replayed").is_some());
+    assert_eq!(again.into_inner().user_id, created);
+    // A key that old and NOT in the inbox may have run and been purged: refused, nothing run.
+    let mut other = request("key-2");
+    other.document_number = "DOC-2002".into();
+    other.email = "other@example.edu".into();
+    let status = users
+        .create_user(issued_at(other.clone(), &hours_ago(2)))
+        .await
+        .expect_err("expired");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        platform::status::reason(&status).as_deref(),
+        Some("DELIVERY_EXPIRED")
+    );
+    assert!(
+        status
+            .message()
+            .contains("longer ago than this service keeps its inbox (1h)"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+    // The same request with a young key runs.
+    users
+        .create_user(issued_at(other, &hours_ago(0)))
+        .await
+        .expect("a young key runs");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 2));
+}
+
+async fn a_malformed_key_time_is_refused_naming_it(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let status = app
+        .users
+        .clone()
+        .create_user(issued_at(request("key-1"), "yesterday"))
+        .await
+        .expect_err("not a time");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("idempotency-key-created-at"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+}
 
 fn request(key: &str) -> CreateUserRequest {
     CreateUserRequest {

@@ -1,10 +1,13 @@
 //! The gRPC face of the Users service: decode and validate, call a use case, encode.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use platform::validate;
 use proto::users::v1::{
     CreateUserRequest, CreateUserResponse, DisableUserRequest, DisableUserResponse, GetUserRequest,
-    REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest, UpdateUserResponse, User,
-    users_service_server::UsersService,
+    KEY_CREATED_AT_HEADER, REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest,
+    UpdateUserResponse, User, users_service_server::UsersService,
 };
 use sea_orm::{DatabaseConnection, EntityTrait};
 use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
@@ -15,7 +18,7 @@ use crate::{
     create_user,
     entity::{inbox::SavedOutcome, users},
     error::Error,
-    inbox::{Answer, Mode},
+    inbox::{Answer, KeyAge, Mode},
     metrics,
     new_user::NewUser,
 };
@@ -23,11 +26,55 @@ use crate::{
 /// Implements `users.v1.UsersService` over the Users DB.
 pub struct UsersApi {
     db: DatabaseConnection,
+    /// How long the inbox keeps a key: older keys it does not have are refused.
+    inbox_retention: Duration,
 }
 
 impl UsersApi {
-    pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+    pub fn new(db: DatabaseConnection, inbox_retention: Duration) -> Self {
+        Self {
+            db,
+            inbox_retention,
+        }
+    }
+
+    /// How a keyed request may be answered: [`Mode::ReplayOnly`] when it carries
+    /// `idempotency-replay-only: true`; [`Mode::Expired`] when its
+    /// `idempotency-key-created-at` lies further back than the inbox keeps keys; else
+    /// [`Mode::Execute`]. A malformed time is refused, naming the metadata entry.
+    fn mode<T>(&self, request: &Request<T>) -> Result<Mode, Status> {
+        let metadata = request.metadata();
+        let replay_only = metadata
+            .get(REPLAY_ONLY_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.eq_ignore_ascii_case("true"));
+        if replay_only {
+            return Ok(Mode::ReplayOnly);
+        }
+        let Some(issued) = metadata.get(KEY_CREATED_AT_HEADER) else {
+            return Ok(Mode::Execute);
+        };
+        let issued_at = issued
+            .to_str()
+            .ok()
+            .and_then(|value| DateTime::parse_from_rfc3339(value).ok())
+            .map(|time| time.with_timezone(&Utc))
+            .ok_or_else(|| {
+                metrics::rejected("INVALID_ARGUMENT");
+                Status::from(Error::from(validate::FieldViolation::new(
+                    KEY_CREATED_AT_HEADER,
+                    "must be an RFC 3339 time, such as 2026-12-01T10:00:00Z",
+                )))
+            })?;
+        let horizon = platform::db::now() - self.inbox_retention;
+        Ok(if issued_at < horizon {
+            Mode::Expired(KeyAge {
+                issued_at,
+                retention: self.inbox_retention,
+            })
+        } else {
+            Mode::Execute
+        })
     }
 }
 
@@ -39,7 +86,7 @@ impl UsersService for UsersApi {
         request: Request<CreateUserRequest>,
     ) -> Result<Response<CreateUserResponse>, Status> {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let mode = mode(&request);
+        let mode = self.mode(&request)?;
         let new = NewUser::try_from(request.into_inner()).map_err(metrics::invalid)?;
         let answer = create_user::create_user(&self.db, new, mode).await;
         metrics::inbox_request("CreateUser", &answer);
@@ -58,7 +105,7 @@ impl UsersService for UsersApi {
         request: Request<UpdateUserRequest>,
     ) -> Result<Response<UpdateUserResponse>, Status> {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let mode = mode(&request);
+        let mode = self.mode(&request)?;
         let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
         let answer = change_user::change_user(&self.db, change, mode).await;
         metrics::inbox_request("UpdateUser", &answer);
@@ -77,7 +124,7 @@ impl UsersService for UsersApi {
         request: Request<DisableUserRequest>,
     ) -> Result<Response<DisableUserResponse>, Status> {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let mode = mode(&request);
+        let mode = self.mode(&request)?;
         let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
         let answer = change_user::change_user(&self.db, change, mode).await;
         metrics::inbox_request("DisableUser", &answer);
@@ -111,20 +158,6 @@ impl UsersService for UsersApi {
             created_at: Some(platform::timestamp::to_proto(user.created_at)),
             source_version: u64::try_from(user.source_version).unwrap_or_default(),
         }))
-    }
-}
-
-/// [`Mode::ReplayOnly`] when the request carries `idempotency-replay-only: true`.
-fn mode<T>(request: &Request<T>) -> Mode {
-    let replay_only = request
-        .metadata()
-        .get(REPLAY_ONLY_HEADER)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.eq_ignore_ascii_case("true"));
-    if replay_only {
-        Mode::ReplayOnly
-    } else {
-        Mode::Execute
     }
 }
 

@@ -17,6 +17,12 @@ pub enum Error {
     NotInInbox,
     #[error("idempotency_key was already used with a different request")]
     KeyReused,
+    #[error(
+        "idempotency_key was issued at {}, longer ago than this service keeps its inbox ({}): it cannot tell whether the key was executed, so it executed nothing",
+        .0.issued_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        humantime::format_duration(.0.retention)
+    )]
+    DeliveryExpired(crate::inbox::KeyAge),
     #[error("no user exists for student {0}")]
     NoUserForStudent(Uuid),
     #[error("database error")]
@@ -40,6 +46,12 @@ impl From<Error> for Status {
             Error::NotInInbox => {
                 status::with_reason(Code::NotFound, message, "NOT_IN_INBOX", DOMAIN)
             }
+            Error::DeliveryExpired(_) => status::with_reason(
+                Code::FailedPrecondition,
+                message,
+                "DELIVERY_EXPIRED",
+                DOMAIN,
+            ),
             Error::KeyReused => status::with_reason(
                 Code::FailedPrecondition,
                 message,

@@ -3,6 +3,9 @@
 //! key)? Each use case writes its effect and the inbox row in ONE transaction, so no
 //! effect ever exists without the answer that repeats it, and no answer without its effect.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use platform::db::{begin_write, is_unique_violation, now};
 use sea_orm::{ActiveModelTrait, DatabaseConnection, DbErr, EntityTrait, Set};
 
@@ -16,9 +19,21 @@ use crate::{
 pub enum Mode {
     /// Execute on first sight of the key; answer from the inbox afterwards.
     Execute,
+    /// The caller issued the key longer ago than the inbox keeps entries: answer from the
+    /// inbox if the key is there; if it is not, Users cannot tell "never executed" from
+    /// "executed and purged", so it executes nothing ([`Error::DeliveryExpired`]).
+    Expired(KeyAge),
     /// Answer from the inbox only; an unknown key is [`Error::NotInInbox`]. Replays of past
     /// deliveries use this, so they can never execute anything.
     ReplayOnly,
+}
+
+/// When a key was issued, and how long the inbox keeps keys: the facts behind
+/// [`Mode::Expired`], for the refusal's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyAge {
+    pub issued_at: DateTime<Utc>,
+    pub retention: Duration,
 }
 
 /// The answer to a request: what the key's operation produced, and whether it was executed
@@ -38,7 +53,8 @@ pub struct Request<'a> {
 
 /// Answers from the inbox when the key is known: the saved answer if the request is the
 /// same, [`Error::KeyReused`] if it is not. `None` when the key was never executed (or was
-/// purged); in [`Mode::ReplayOnly`] that is [`Error::NotInInbox`].
+/// purged); in [`Mode::ReplayOnly`] that is [`Error::NotInInbox`], in [`Mode::Expired`]
+/// [`Error::DeliveryExpired`].
 pub async fn replay(
     db: &DatabaseConnection,
     request: Request<'_>,
@@ -50,6 +66,7 @@ pub async fn replay(
     else {
         return match mode {
             Mode::Execute => Ok(None),
+            Mode::Expired(age) => Err(Error::DeliveryExpired(age)),
             Mode::ReplayOnly => Err(Error::NotInInbox),
         };
     };

@@ -13,6 +13,7 @@ pub mod inbox;
 pub mod inspect;
 pub mod metrics;
 mod new_user;
+pub mod retention;
 
 use std::net::SocketAddr;
 
@@ -68,6 +69,14 @@ pub struct Config {
     /// A comma-separated list accepts each of them, to rotate a token with no failed call.
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// How long the inbox keeps an executed key (and its saved answer). Keep it longer than
+    /// any caller may retry or redrive a key: older keys it does not have are refused as
+    /// DELIVERY_EXPIRED rather than executed again.
+    #[arg(long, env = "USERS_INBOX_RETENTION", default_value = "30d", value_parser = humantime::parse_duration)]
+    pub inbox_retention: std::time::Duration,
+    /// How often the server deletes inbox entries past --inbox-retention.
+    #[arg(long, env = "USERS_INBOX_PURGE_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub inbox_purge_interval: std::time::Duration,
     /// Serve (no subcommand), or inspect the Users DB and exit.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -86,6 +95,8 @@ pub enum Command {
 /// What to do with the inbox.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum InboxCommand {
+    /// Delete the entries older than --inbox-retention now, in batches; prints `purged=N`.
+    Purge,
     /// Print the saved fingerprint, answer and time of one key (exit 2 if it is unknown).
     Show {
         /// The idempotency key (a relay's outbox row key).
@@ -121,15 +132,55 @@ pub async fn open_database(url: &str, max_connections: u32) -> anyhow::Result<Da
     migrations::open::<migrations::users::Migrator>(url, max_connections).await
 }
 
-/// Serves the Users service on `listener` until `shutdown` is cancelled.
+/// How long the inbox keeps keys, and how often it is purged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboxRetention {
+    pub retention: std::time::Duration,
+    pub purge_interval: std::time::Duration,
+}
+
+impl Default for InboxRetention {
+    /// The flags' defaults: keys kept 30 days, purged hourly.
+    fn default() -> Self {
+        Self {
+            retention: std::time::Duration::from_secs(30 * 24 * 3600),
+            purge_interval: std::time::Duration::from_secs(3600),
+        }
+    }
+}
+
+impl Config {
+    /// The inbox retention these flags ask for.
+    pub fn inbox(&self) -> InboxRetention {
+        InboxRetention {
+            retention: self.inbox_retention,
+            purge_interval: self.inbox_purge_interval,
+        }
+    }
+}
+
+/// Serves the Users service on `listener` until `shutdown` is cancelled, purging the inbox
+/// on schedule.
 pub async fn run(
     listener: TcpListener,
     db: DatabaseConnection,
     options: ServerOptions,
     auth_tokens: Option<AcceptedTokens>,
+    inbox: InboxRetention,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let service = UsersServiceServer::new(UsersApi::new(db.clone()))
+    retention::warn_if_shorter_than_retries(inbox.retention);
+    let purging = db.clone();
+    tokio::spawn(platform::retention::on_schedule(
+        "inbox entries",
+        inbox.purge_interval,
+        shutdown.clone(),
+        move || {
+            let db = purging.clone();
+            async move { retention::purge_expired(&db, inbox.retention).await }
+        },
+    ));
+    let service = UsersServiceServer::new(UsersApi::new(db.clone(), inbox.retention))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let service = InterceptedService::new(service, RequireToken(auth_tokens));
     let definition = ServiceDefinition {

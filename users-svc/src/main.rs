@@ -8,11 +8,14 @@ use users_svc::{Command, Config, InboxCommand};
 async fn main() -> anyhow::Result<ExitCode> {
     platform::telemetry::init();
     let config = Config::parse();
-    if let Some(Command::Inbox {
-        action: InboxCommand::Show { key },
-    }) = &config.command
-    {
-        return show_inbox_entry(&config.database_url, key).await;
+    match &config.command {
+        Some(Command::Inbox {
+            action: InboxCommand::Show { key },
+        }) => return show_inbox_entry(&config.database_url, key).await,
+        Some(Command::Inbox {
+            action: InboxCommand::Purge,
+        }) => return purge_inbox(&config.database_url, config.inbox_retention).await,
+        None => {}
     }
     let options = config.server_options()?;
     let auth_tokens = config.auth_tokens()?;
@@ -24,7 +27,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(addr = %listener.local_addr()?, tls = options.tls.is_some(), tokens = auth_tokens.as_ref().map_or(0, |t| t.count()), "users-svc listening");
-    users_svc::run(listener, db, options, auth_tokens, shutdown).await?;
+    users_svc::run(listener, db, options, auth_tokens, config.inbox(), shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -39,4 +42,15 @@ async fn show_inbox_entry(database_url: &str, key: &str) -> anyhow::Result<ExitC
         eprintln!("no inbox entry for key {key}");
         Ok(ExitCode::from(2))
     }
+}
+
+/// `users-svc inbox purge`: deletes the entries older than the retention now.
+async fn purge_inbox(
+    database_url: &str,
+    retention: std::time::Duration,
+) -> anyhow::Result<ExitCode> {
+    let db = migrations::open_existing::<migrations::users::Migrator>(database_url).await?;
+    let purged = users_svc::retention::purge_expired(&db, retention).await?;
+    println!("purged={purged}");
+    Ok(ExitCode::SUCCESS)
 }

@@ -36,6 +36,10 @@ pub fn inbox_request(rpc: &'static str, answer: &Result<Answer, Error>) {
             "key_reused"
         }
         Err(Error::NotInInbox) => "not_in_inbox",
+        Err(Error::DeliveryExpired(_)) => {
+            rejected("DELIVERY_EXPIRED");
+            "expired"
+        }
         // The database failed: the inbox decided nothing (gRPC metrics count the INTERNAL).
         Err(_) => return,
     };

@@ -6,6 +6,7 @@ mod m20261130_000001_create_users_table;
 mod m20261130_000002_create_inbox_table;
 mod m20261201_000003_enabled_document_number_unique_ignoring_case;
 mod m20261201_000004_user_source_version;
+mod m20261201_000005_inbox_created_at_index;
 
 /// Migrates the Users DB.
 pub struct Migrator;
@@ -18,6 +19,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000002_create_inbox_table::Migration),
             Box::new(m20261201_000003_enabled_document_number_unique_ignoring_case::Migration),
             Box::new(m20261201_000004_user_source_version::Migration),
+            Box::new(m20261201_000005_inbox_created_at_index::Migration),
         ]
     }
 }

@@ -48,6 +48,17 @@ pub struct Model {
     pub client_key: Option<String>,
     /// Fingerprint of that request, to tell its retry from the key reused.
     pub request_hash: Option<String>,
+    /// When `idempotency_key` was issued, if later than `created_at` (a redrive with a new
+    /// key). See [`Model::key_issued_at`].
+    pub key_created_at: Option<DateTimeUtc>,
+}
+
+impl Model {
+    /// When the row's current key was issued: sent to Users with every delivery, so that it
+    /// can refuse a key older than its inbox keeps keys instead of executing it again.
+    pub fn key_issued_at(&self) -> DateTimeUtc {
+        self.key_created_at.unwrap_or(self.created_at)
+    }
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -84,4 +95,8 @@ pub enum FailureKind {
     /// Transient failures used up every attempt. The same key may be retried as is.
     #[sea_orm(string_value = "exhausted")]
     Exhausted,
+    /// Users refused the key as older than its inbox retention (`DELIVERY_EXPIRED`): it
+    /// cannot tell whether the key ran, so an operator must find out before a new key.
+    #[sea_orm(string_value = "expired")]
+    Expired,
 }

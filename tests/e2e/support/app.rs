@@ -45,6 +45,8 @@ pub struct AppOptions {
     pub users_token: Option<String>,
     /// How student-svc wakes the relays (`--wake-relays`).
     pub wake_relays: student_store::wake::WakeRelays,
+    /// How long Users' inbox keeps keys (`--inbox-retention`).
+    pub inbox: users_svc::InboxRetention,
 }
 
 /// Starts both services on fresh databases; `None` when the backend is not configured.
@@ -102,6 +104,7 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<Tes
         users_db.clone(),
         server,
         token,
+        options.inbox,
         shutdown.clone(),
     ));
 

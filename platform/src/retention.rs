@@ -1,0 +1,81 @@
+//! What both retention purges share: deleting old rows in small batches, on a schedule,
+//! and the relay's default retry window, which Users' inbox must outlive.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+/// How long a relay with default tuning may keep retrying one row before it fails it:
+/// `--max-attempts` (100) times the longest wait, `--backoff-max` (30 s) plus
+/// `--call-timeout` (5 s). A relay test holds this to the relay's defaults. An inbox kept
+/// for less than this can purge a key its relay is still retrying.
+pub const RELAY_DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(100 * (30 + 5));
+
+/// Rows deleted per statement: each batch is one short transaction, so a purge never holds
+/// many row locks, or SQLite's write lock, for long.
+pub const PURGE_BATCH: u64 = 1_000;
+
+/// Runs `purge_batch` until a batch deletes fewer than [`PURGE_BATCH`] rows; returns how
+/// many were deleted in all.
+pub async fn purge_all<E, F, Fut>(mut purge_batch: F) -> Result<u64, E>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<u64, E>>,
+{
+    let mut purged = 0;
+    loop {
+        let deleted = purge_batch(PURGE_BATCH).await?;
+        purged += deleted;
+        if deleted < PURGE_BATCH {
+            return Ok(purged);
+        }
+    }
+}
+
+/// Calls `purge` every `interval` until `shutdown`, logging what it did (`what`: "done
+/// outbox rows", "inbox entries").
+pub async fn on_schedule<E, F, Fut>(
+    what: &'static str,
+    interval: Duration,
+    shutdown: CancellationToken,
+    mut purge: F,
+) where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u64, E>>,
+{
+    loop {
+        match purge().await {
+            Ok(0) => {}
+            Ok(purged) => tracing::info!(purged, "purged {what} past their retention"),
+            Err(err) => tracing::warn!(error = %err, "cannot purge {what}; will try again"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_purge_runs_batches_until_one_is_not_full() {
+        let mut batches = vec![PURGE_BATCH, PURGE_BATCH, 3, 99];
+        batches.reverse();
+        let mut calls = 0;
+        let purged = purge_all(|limit| {
+            calls += 1;
+            assert_eq!(limit, PURGE_BATCH);
+            let deleted = batches
+                .pop()
+                .expect("asked for no more batches than needed");
+            async move { Ok::<_, ()>(deleted) }
+        })
+        .await;
+        assert_eq!(purged, Ok(2 * PURGE_BATCH + 3));
+        assert_eq!(calls, 3);
+    }
+}
