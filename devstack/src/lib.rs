@@ -295,10 +295,16 @@ impl Drop for Process {
     }
 }
 
-/// Extracts `ADDR` from a log line carrying `addr=ADDR`.
+/// Extracts `ADDR` from the line a server logs once it listens: `… listening addr=ADDR` in
+/// text, or a JSON line (`--log-format json`) whose message says `listening` and whose
+/// `addr` field is `ADDR`.
 fn listening_addr(line: &str) -> Option<SocketAddr> {
     if !line.contains("listening") {
         return None;
+    }
+    if line.starts_with('{') {
+        let fields: serde_json::Value = serde_json::from_str(line).ok()?;
+        return fields["addr"].as_str()?.parse().ok();
     }
     let rest = &line[line.find("addr=")? + "addr=".len()..];
     rest.split_whitespace().next()?.parse().ok()
@@ -366,5 +372,10 @@ mod tests {
             Some("127.0.0.1:50051".parse().expect("addr"))
         );
         assert_eq!(listening_addr("INFO relay running users_url=x"), None);
+        let json = r#"{"level":"INFO","message":"users-svc listening","addr":"127.0.0.1:50052"}"#;
+        assert_eq!(
+            listening_addr(json),
+            Some("127.0.0.1:50052".parse().expect("addr"))
+        );
     }
 }

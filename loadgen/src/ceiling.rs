@@ -239,6 +239,7 @@ fn new_student(n: usize) -> NewStudentRow {
         client_key: Some(format!("ceiling-{n}")),
         request_hash: "0".repeat(64),
         created_at: platform::db::now(),
+        traceparent: platform::trace::TraceContext::new_root().to_string(),
     }
 }
 

@@ -15,4 +15,5 @@ pub mod shutdown;
 pub mod status;
 pub mod telemetry;
 pub mod timestamp;
+pub mod trace;
 pub mod validate;

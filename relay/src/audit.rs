@@ -181,6 +181,7 @@ mod tests {
                     client_key: None,
                     request_hash: None,
                     key_created_at: None,
+                    traceparent: None,
                 })
                 .collect(),
         }

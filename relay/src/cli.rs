@@ -54,6 +54,9 @@ pub struct Cli {
     /// keep keys longer than the relays retry them, not this.
     #[arg(long, env = "RELAY_RETAIN_DONE", default_value = "7d", value_parser = humantime::parse_duration, global = true)]
     pub retain_done: std::time::Duration,
+    /// Log lines as `text` or `json` (JSON lines carry `trace_id` as a field).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t, global = true)]
+    pub log_format: platform::telemetry::LogFormat,
     #[command(subcommand)]
     pub command: Option<Command>,
 }

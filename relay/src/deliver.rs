@@ -8,6 +8,7 @@ use futures::StreamExt as _;
 use platform::{
     failpoint::{self, points},
     status::code_name,
+    trace::TraceContext,
 };
 use sea_orm::DatabaseConnection;
 use student_store::{
@@ -16,6 +17,7 @@ use student_store::{
     outbox::{self, Delivered, Problem, RecordError},
 };
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::{
@@ -23,7 +25,7 @@ use crate::{
     backoff::retry_delay,
     classify::{Failure, classify, permanent_failure_kind},
     metrics::{self, Outcome},
-    users_client::{Key, UsersClient},
+    users_client::{Key, UsersClient, row_trace},
 };
 
 /// What one [`Relay::deliver_batch`] did.
@@ -156,6 +158,18 @@ impl Relay {
         row: outbox_row::Model,
         lease_ends: Instant,
     ) -> anyhow::Result<(Delivery, i64)> {
+        let (trace, span) = row_trace(&row);
+        self.send_traced(row, lease_ends, trace)
+            .instrument(span)
+            .await
+    }
+
+    async fn send_traced(
+        &self,
+        row: outbox_row::Model,
+        lease_ends: Instant,
+        trace: TraceContext,
+    ) -> anyhow::Result<(Delivery, i64)> {
         let id = row.id;
         // Never start a send the lease cannot cover: if the call could still be running
         // when the lease ends, another relay could claim and send the row at the same
@@ -169,12 +183,16 @@ impl Relay {
             return Ok((Delivery::Unsent, id));
         }
         let effect = row.effect_type.clone();
-        let delivery = self.deliver(row).await?;
+        let delivery = self.deliver(row, trace).await?;
         metrics::delivery(&effect, delivery.outcome());
         Ok((delivery, id))
     }
 
-    async fn deliver(&self, row: outbox_row::Model) -> anyhow::Result<Delivery> {
+    async fn deliver(
+        &self,
+        row: outbox_row::Model,
+        trace: TraceContext,
+    ) -> anyhow::Result<Delivery> {
         let effect = match Effect::decode(&row.effect_type, &row.payload) {
             Ok(effect) => effect,
             Err(err) => {
@@ -186,7 +204,10 @@ impl Relay {
             }
         };
         let call_started = Instant::now();
-        let answer = self.users.deliver(Key::of(&row), &effect, false).await;
+        let answer = self
+            .users
+            .deliver(Key::of(&row, trace), &effect, false)
+            .await;
         metrics::users_call(call_started.elapsed());
         let answer = match answer {
             Ok(answer) => answer,

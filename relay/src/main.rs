@@ -4,6 +4,7 @@ use clap::Parser as _;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    platform::telemetry::init();
-    relay::cli::execute(relay::cli::Cli::parse()).await
+    let cli = relay::cli::Cli::parse();
+    platform::telemetry::init(cli.log_format);
+    relay::cli::execute(cli).await
 }

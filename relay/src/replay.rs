@@ -12,10 +12,11 @@ use student_store::{
     entity::outbox as outbox_row,
     outbox::{self, DoneRows},
 };
+use tracing::Instrument as _;
 
 use platform::status::code_name;
 
-use crate::users_client::{Answer, Key, UsersClient};
+use crate::users_client::{Answer, Key, UsersClient, row_trace};
 
 /// Totals of a replay run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -101,8 +102,10 @@ pub async fn replay(
 /// NOT_FOUND, and never executes.
 async fn replay_one(users: &UsersClient, row: &outbox_row::Model) -> Result<Answer, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload).map_err(|err| err.to_string())?;
+    let (trace, span) = row_trace(row);
     users
-        .deliver(Key::of(row), &effect, true)
+        .deliver(Key::of(row, trace), &effect, true)
+        .instrument(span)
         .await
         .map_err(|status| format!("{}: {}", code_name(status.code()), status.message()))
 }

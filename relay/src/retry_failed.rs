@@ -31,11 +31,12 @@ use student_store::{
     outbox::{self, Delivered, RecordError},
 };
 use tonic::Code;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use platform::status::code_name;
 
-use crate::users_client::{Key, UsersClient, was_replayed};
+use crate::users_client::{Key, UsersClient, row_trace, was_replayed};
 
 /// Which failed rows to redrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +202,12 @@ fn expired_advice(row: &outbox_row::Model) -> String {
 async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Result<OldKey, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload)
         .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
-    match users.deliver(Key::of(row), &effect, true).await {
+    let (trace, span) = row_trace(row);
+    match users
+        .deliver(Key::of(row, trace), &effect, true)
+        .instrument(span)
+        .await
+    {
         Ok(answer) => Ok(OldKey::Executed(Delivered::of(&effect, answer.user_id))),
         Err(status)
             if status.code() == Code::NotFound

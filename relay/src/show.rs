@@ -5,6 +5,7 @@
 use std::io::Write;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use platform::trace::TraceContext;
 use sea_orm::{ActiveEnum as _, DatabaseConnection};
 use student_store::{entity::outbox as outbox_row, outbox};
 use uuid::Uuid;
@@ -45,6 +46,16 @@ pub fn print(rows: &[outbox_row::Model], out: &mut impl Write) -> std::io::Resul
             ("error_code", text(row.error_code.as_deref())),
             ("last_error", text(row.last_error.as_deref())),
             ("result", text(row.result.as_deref())),
+            (
+                "trace_id",
+                text(
+                    row.traceparent
+                        .as_deref()
+                        .and_then(TraceContext::parse)
+                        .map(|trace| trace.trace_id())
+                        .as_deref(),
+                ),
+            ),
         ];
         for (name, value) in fields {
             writeln!(out, "{name} {value}")?;
@@ -95,6 +106,7 @@ mod tests {
             client_key: None,
             request_hash: None,
             key_created_at: None,
+            traceparent: None,
         }
     }
 
@@ -113,7 +125,7 @@ mod tests {
              created_at 2026-12-01T10:00:00.123456Z\navailable_at 2026-12-01T10:00:00.123456Z\n\
              processed_at -\nlocked_by -\nlocked_until -\nfailure_kind rejected\n\
              error_code DOCUMENT_NUMBER_TAKEN\nlast_error document_number is already used\n\
-             result -"
+             result -\ntrace_id -"
         );
         assert!(blocks[1].starts_with("outbox_id 9\n"));
         assert!(!text.contains("never@printed"), "{text}");

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
+use platform::trace::TraceContext;
 use proto::users::v1::{
     CreateUserRequest, DisableUserRequest, GetUserRequest, KEY_CREATED_AT_HEADER,
     REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest, User,
@@ -32,20 +33,32 @@ pub struct UsersClient {
 /// An outbox row's idempotency key as sent to Users, with when it was issued (metadata
 /// `idempotency-key-created-at`: Users refuses a key older than its inbox keeps keys rather
 /// than risk executing it twice).
+/// The call also carries the relay's hop of the row's trace (`traceparent`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Key<'a> {
     pub value: &'a str,
     pub issued_at: DateTime<Utc>,
+    pub trace: TraceContext,
 }
 
 impl<'a> Key<'a> {
-    /// The key `row` is delivered under.
-    pub fn of(row: &'a outbox_row::Model) -> Self {
+    /// The key `row` is delivered under, within `trace` (see [`row_trace`]).
+    pub fn of(row: &'a outbox_row::Model, trace: TraceContext) -> Self {
         Self {
             value: &row.idempotency_key,
             issued_at: row.key_issued_at(),
+            trace,
         }
     }
+}
+
+/// The trace a row's delivery belongs to, continued from the Student call that decided the
+/// row (a new one for a row stored without), and a span carrying its `trace_id`: every log
+/// line about the row, retries and replays included, runs inside it.
+pub fn row_trace(row: &outbox_row::Model) -> (TraceContext, tracing::Span) {
+    let trace = TraceContext::continue_stored(row.traceparent.as_deref());
+    let span = tracing::info_span!("outbox_row", trace_id = %trace.trace_id(), outbox_id = row.id);
+    (trace, span)
 }
 
 /// What Users answered to an effect's call.
@@ -276,6 +289,7 @@ impl UsersClient {
                 .insert("authorization", authorization.clone());
         }
         if let Some(key) = key {
+            key.trace.inject(request.metadata_mut());
             let issued_at = key
                 .issued_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);

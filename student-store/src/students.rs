@@ -40,6 +40,8 @@ pub struct NewStudentRow {
     /// Fingerprint of the CreateStudent request.
     pub request_hash: String,
     pub created_at: DateTime<Utc>,
+    /// The call's W3C trace context, stored on the outbox row.
+    pub traceparent: String,
 }
 
 /// Writes a student and its `create-user` outbox row in ONE transaction.
@@ -93,9 +95,16 @@ pub async fn create(
     }
     .insert(&txn)
     .await?;
-    let create_user = outbox_row(new.id, 1, &effect, client, new.created_at, available_at)
-        .insert(&txn)
-        .await?;
+    let create_user = outbox_row(
+        new.id,
+        1,
+        &effect,
+        client,
+        (new.created_at, available_at),
+        new.traceparent,
+    )
+    .insert(&txn)
+    .await?;
     bell.in_transaction(&txn).await?;
     failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
     // Crash point: before this commit nothing exists; after it, both rows do.
@@ -145,8 +154,8 @@ fn outbox_row(
     version: i64,
     effect: &Effect,
     client: Option<(String, String)>,
-    created_at: DateTime<Utc>,
-    available_at: sea_orm::ActiveValue<DateTime<Utc>>,
+    (created_at, available_at): (DateTime<Utc>, sea_orm::ActiveValue<DateTime<Utc>>),
+    traceparent: String,
 ) -> outbox::ActiveModel {
     let (client_key, request_hash) = client.unzip();
     outbox::ActiveModel {
@@ -171,6 +180,7 @@ fn outbox_row(
         failure_kind: Set(None),
         client_key: Set(client_key),
         request_hash: Set(request_hash),
+        traceparent: Set(Some(traceparent)),
         ..Default::default()
     }
 }
@@ -197,6 +207,8 @@ pub struct ChangeRequest {
     /// The caller's key and the request's fingerprint, stored on the outbox row.
     pub client: Option<(String, String)>,
     pub at: DateTime<Utc>,
+    /// The call's W3C trace context, stored on the outbox row.
+    pub traceparent: String,
 }
 
 /// What became of a change.
@@ -307,8 +319,8 @@ pub async fn change(
         version,
         &effect,
         request.client,
-        request.at,
-        available_at,
+        (request.at, available_at),
+        request.traceparent,
     )
     .insert(&txn)
     .await?;

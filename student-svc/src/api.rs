@@ -1,6 +1,6 @@
 //! The gRPC face of the Student service: decode and validate, call a use case, encode.
 
-use platform::validate;
+use platform::{trace::TraceContext, validate};
 use proto::student::v1::{
     CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, ListStudentsRequest,
     ListStudentsResponse, Student, UpdateStudentRequest, UserLinkStatus,
@@ -21,6 +21,15 @@ use crate::{
     new_student::{NewStudent, StudentChange},
     students,
 };
+
+/// The trace a student change belongs to: the caller's `traceparent`, continued, or a new
+/// one. Its id goes on the handler's span, so every log line of the call carries it, and
+/// the context goes on the outbox row, so the relay and Users continue it.
+fn traced<T>(request: &Request<T>) -> TraceContext {
+    let trace = TraceContext::continue_from(request.metadata());
+    tracing::Span::current().record("trace_id", tracing::field::display(trace.trace_id()));
+    trace
+}
 
 /// Page size when the caller asks for none.
 const DEFAULT_PAGE_SIZE: u64 = 50;
@@ -52,33 +61,36 @@ impl StudentApi {
 
 #[tonic::async_trait]
 impl StudentService for StudentApi {
-    #[tracing::instrument(name = "CreateStudent", skip_all)]
+    #[tracing::instrument(name = "CreateStudent", skip_all, fields(trace_id))]
     async fn create_student(
         &self,
         request: Request<CreateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
+        let trace = traced(&request);
         let new = NewStudent::try_from(request.into_inner())?;
-        let view = students::create_student(&self.db, &self.bell, &self.link, new).await?;
+        let view = students::create_student(&self.db, &self.bell, &self.link, new, trace).await?;
         Ok(Response::new(encode(view)))
     }
 
-    #[tracing::instrument(name = "UpdateStudent", skip_all)]
+    #[tracing::instrument(name = "UpdateStudent", skip_all, fields(trace_id))]
     async fn update_student(
         &self,
         request: Request<UpdateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
+        let trace = traced(&request);
         let change = StudentChange::try_from(request.into_inner())?;
-        let view = students::change_student(&self.db, &self.bell, change).await?;
+        let view = students::change_student(&self.db, &self.bell, change, trace).await?;
         Ok(Response::new(encode(view)))
     }
 
-    #[tracing::instrument(name = "DeactivateStudent", skip_all)]
+    #[tracing::instrument(name = "DeactivateStudent", skip_all, fields(trace_id))]
     async fn deactivate_student(
         &self,
         request: Request<DeactivateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
+        let trace = traced(&request);
         let change = StudentChange::try_from(request.into_inner())?;
-        let view = students::change_student(&self.db, &self.bell, change).await?;
+        let view = students::change_student(&self.db, &self.bell, change, trace).await?;
         Ok(Response::new(encode(view)))
     }
 

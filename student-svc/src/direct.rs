@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use platform::trace::TraceContext;
 use proto::users::v1::{CreateUserRequest, users_service_client::UsersServiceClient};
 use tonic::{
     Request, Status,
@@ -77,7 +78,12 @@ impl DirectUsers {
 
     /// Creates the user for `new`, to be the student `student_id`, under a fresh key: the
     /// flaw. Returns the user id.
-    pub async fn create_user(&self, new: &NewStudent, student_id: Uuid) -> Result<Uuid, Status> {
+    pub async fn create_user(
+        &self,
+        new: &NewStudent,
+        student_id: Uuid,
+        trace: TraceContext,
+    ) -> Result<Uuid, Status> {
         let mut request = Request::new(CreateUserRequest {
             idempotency_key: Uuid::new_v4().to_string(),
             email: new.email.clone(),
@@ -91,6 +97,7 @@ impl DirectUsers {
                 .metadata_mut()
                 .insert("authorization", authorization.clone());
         }
+        trace.child().inject(request.metadata_mut());
         request.set_timeout(self.timeout);
         let response = self.client.clone().create_user(request).await?;
         Uuid::try_parse(&response.into_inner().user_id)

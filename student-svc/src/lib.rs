@@ -61,6 +61,9 @@ pub struct Config {
     /// Serve Prometheus metrics at http://ADDR/metrics (off when unset; port 0 picks one).
     #[arg(long, env = "STUDENT_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Log lines as `text` or `json` (JSON lines carry `trace_id` as a field).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: platform::telemetry::LogFormat,
     /// How CreateStudent gets the login user: `outbox` (the design) or `direct` (calls
     /// Users itself: the naive baseline and anti-pattern, for benchmarks only).
     #[arg(long, env = "STUDENT_LINK_MODE", value_enum, default_value_t = LinkMode::Outbox)]

@@ -4,8 +4,8 @@ use student_svc::Config;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    platform::telemetry::init();
     let config = Config::parse();
+    platform::telemetry::init(config.log_format);
     let options = config.server_options()?;
     let link = config.link()?;
     let shutdown = platform::shutdown::on_signal()?;

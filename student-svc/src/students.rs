@@ -5,6 +5,7 @@
 use platform::{
     db::{is_unique_violation, now},
     redact,
+    trace::TraceContext,
 };
 use sea_orm::DatabaseConnection;
 use student_store::students::{
@@ -31,6 +32,7 @@ pub async fn create_student(
     bell: &RelayBell,
     link: &Link,
     new: NewStudent,
+    trace: TraceContext,
 ) -> Result<StudentView, Error> {
     let request_hash = new.request_hash();
     // Insert first, look the key up only when that fails: a retry or a reused key is a
@@ -45,6 +47,7 @@ pub async fn create_student(
         client_key: new.client_key.clone(),
         request_hash: request_hash.clone(),
         created_at: now(),
+        traceparent: trace.to_string(),
     };
     let created = match link {
         Link::Outbox => store::create(db, bell, row).await,
@@ -55,7 +58,7 @@ pub async fn create_student(
             if let Some(view) = replay_client_key(db, &new, &request_hash).await? {
                 return Ok(view);
             }
-            match users.create_user(&new, row.id).await {
+            match users.create_user(&new, row.id, trace).await {
                 Ok(user_id) => store::create_linked(db, row, user_id).await,
                 Err(status) => return Err(Error::Users(status)),
             }
@@ -118,6 +121,7 @@ pub async fn change_student(
     db: &DatabaseConnection,
     bell: &RelayBell,
     change: StudentChange,
+    trace: TraceContext,
 ) -> Result<StudentView, Error> {
     let request_hash = change.request_hash();
     if let Some(view) = replay_change_key(db, &change, &request_hash).await? {
@@ -132,6 +136,7 @@ pub async fn change_student(
             .clone()
             .map(|key| (key, request_hash.clone())),
         at: now(),
+        traceparent: trace.to_string(),
     };
     match store::change(db, bell, request).await {
         Ok(ChangeOutcome::Changed(view)) => {

@@ -2,7 +2,8 @@
 //! done, and the alert rules and dashboard in `ops/` name only metrics that exist; `relay
 //! audit` finds every kind of disagreement between the two databases, and nothing else;
 //! retention deletes only delivered rows and old inbox keys, and a key older than the
-//! inbox's memory is refused, never executed a second time.
+//! inbox's memory is refused, never executed a second time; one trace id follows a student
+//! through the three processes' logs.
 
 use std::collections::BTreeSet;
 
@@ -33,6 +34,7 @@ on_both_backends!(
     metrics_of_each_process_move_as_work_is_done,
     audit_reports_each_disagreement_between_the_databases,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
+    one_trace_id_follows_a_student_through_the_three_processes,
 );
 
 async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
@@ -484,4 +486,178 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
         (rows[0].id, rows[0].status),
         (failed.id, OutboxStatus::Failed)
     );
+}
+
+/// `message` with metadata `traceparent: 00-<trace_id>-<span>-01`.
+fn with_trace<T>(message: T, trace_id: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-00f067aa0ba902b7-01")
+            .parse()
+            .expect("ASCII"),
+    );
+    request
+}
+
+fn new_trace_id() -> String {
+    format!("{:032x}", Uuid::new_v4().as_u128())
+}
+
+/// The JSON log lines of `log` (lines of a text-format run before are skipped) whose
+/// top-level `trace_id` is `trace_id`: their messages.
+fn json_messages(log: &str, trace_id: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["trace_id"] == trace_id)
+        .map(|line| line["message"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    // Users logs JSON lines, the others text: the trace id is found in both formats.
+    stack
+        .restart_users_with(None, &["--log-format", "json"])
+        .await;
+    // Users is down when the student is created, so the journey includes a retry.
+    stack.kill_users();
+    let trace_id = new_trace_id();
+    let id = stack
+        .student_client()
+        .create_student(with_trace(student_request(0), &trace_id))
+        .await
+        .expect("created")
+        .into_inner()
+        .id;
+    eventually(
+        "the relay retries under the trace",
+        LINK_DEADLINE,
+        || async {
+            stack
+                .relay_log()
+                .lines()
+                .any(|line| {
+                    line.contains(&trace_id) && line.contains("delivery failed, will retry")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    stack
+        .restart_users_with(None, &["--log-format", "json"])
+        .await;
+    stack.wait_until_all_linked(1).await;
+
+    // A change carries a trace of its own.
+    let change_trace_id = new_trace_id();
+    let student = stack
+        .student_client()
+        .get_student(proto::student::v1::GetStudentRequest { id: id.clone() })
+        .await
+        .expect("found")
+        .into_inner();
+    stack
+        .student_client()
+        .update_student(with_trace(
+            proto::student::v1::UpdateStudentRequest {
+                id: id.clone(),
+                first_name: "Renamed".into(),
+                last_name: student.last_name,
+                email: student.email,
+                idempotency_key: None,
+                expected_version: student.version,
+            },
+            &change_trace_id,
+        ))
+        .await
+        .expect("updated");
+    stack.wait_until_all_synced(1).await;
+    // A replay is answered from Users' inbox, under the student's trace too.
+    let replay = stack.relay_command(&["replay", "--student", &id]);
+    assert_eq!(replay.status.code(), Some(0), "{replay:?}");
+
+    // student-svc (text): the call's span names the trace.
+    let student_log = stack.log_of("student-svc");
+    assert!(
+        student_log.contains(&format!("CreateStudent{{trace_id={trace_id}}}")),
+        "{student_log}"
+    );
+    assert!(student_log.contains(&format!("UpdateStudent{{trace_id={change_trace_id}}}")));
+    // relay (text): the failed attempt and the delivery, each line naming the trace.
+    let relay_log = stack.wait_for_relay_log_lines(&trace_id, 2).await;
+    let relay_lines: Vec<&str> = relay_log
+        .lines()
+        .filter(|line| line.contains(&trace_id))
+        .collect();
+    assert!(
+        relay_lines
+            .iter()
+            .any(|line| line.contains("delivery failed, will retry")),
+        "{relay_log}"
+    );
+    assert!(
+        relay_lines
+            .iter()
+            .any(|line| line.contains("delivered and linked")),
+        "{relay_log}"
+    );
+    assert!(
+        relay_log
+            .lines()
+            .any(|line| line.contains(&change_trace_id) && line.contains("delivered and synced"))
+    );
+    // users-svc (JSON): the creation and the replay carry `trace_id` as a field.
+    let users_log = stack.log_of("users-svc");
+    let messages = json_messages(&users_log, &trace_id);
+    assert!(
+        messages.iter().any(|m| m == "user created"),
+        "{messages:?}\n{users_log}"
+    );
+    assert!(
+        messages.iter().any(|m| m == "answered from the inbox"),
+        "{messages:?}"
+    );
+    assert!(
+        !json_messages(&users_log, &change_trace_id).is_empty(),
+        "{users_log}"
+    );
+
+    // `relay show` names each row's trace, so a trace can be found from a student.
+    let show = stack.relay_command(&["show", "--student", &id]);
+    let shown = String::from_utf8_lossy(&show.stdout);
+    assert!(shown.contains(&format!("trace_id {trace_id}\n")), "{shown}");
+    assert!(
+        shown.contains(&format!("trace_id {change_trace_id}")),
+        "{shown}"
+    );
+
+    // A malformed traceparent is no error: the call starts a trace of its own.
+    let mut garbled = tonic::Request::new(student_request(1));
+    garbled
+        .metadata_mut()
+        .insert("traceparent", "garbage".parse().expect("ASCII"));
+    let other = stack
+        .student_client()
+        .create_student(garbled)
+        .await
+        .expect("created")
+        .into_inner()
+        .id;
+    let rows = stack.outbox_rows().await;
+    let stored = rows
+        .iter()
+        .find(|row| row.aggregate_id.to_string() == other)
+        .and_then(|row| row.traceparent.clone())
+        .expect("a trace stored");
+    let fresh = stored.split('-').nth(1).expect("a trace id");
+    assert_eq!(fresh.len(), 32);
+    assert!(
+        fresh
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    );
+    assert_ne!(fresh, trace_id);
 }

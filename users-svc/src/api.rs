@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use platform::validate;
+use platform::{trace::TraceContext, validate};
 use proto::users::v1::{
     CreateUserRequest, CreateUserResponse, DisableUserRequest, DisableUserResponse, GetUserRequest,
     KEY_CREATED_AT_HEADER, REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest,
@@ -80,11 +80,12 @@ impl UsersApi {
 
 #[tonic::async_trait]
 impl UsersService for UsersApi {
-    #[tracing::instrument(name = "CreateUser", skip_all)]
+    #[tracing::instrument(name = "CreateUser", skip_all, fields(trace_id))]
     async fn create_user(
         &self,
         request: Request<CreateUserRequest>,
     ) -> Result<Response<CreateUserResponse>, Status> {
+        traced(&request);
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = self.mode(&request)?;
         let new = NewUser::try_from(request.into_inner()).map_err(metrics::invalid)?;
@@ -99,11 +100,12 @@ impl UsersService for UsersApi {
         })
     }
 
-    #[tracing::instrument(name = "UpdateUser", skip_all)]
+    #[tracing::instrument(name = "UpdateUser", skip_all, fields(trace_id))]
     async fn update_user(
         &self,
         request: Request<UpdateUserRequest>,
     ) -> Result<Response<UpdateUserResponse>, Status> {
+        traced(&request);
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = self.mode(&request)?;
         let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
@@ -118,11 +120,12 @@ impl UsersService for UsersApi {
         })
     }
 
-    #[tracing::instrument(name = "DisableUser", skip_all)]
+    #[tracing::instrument(name = "DisableUser", skip_all, fields(trace_id))]
     async fn disable_user(
         &self,
         request: Request<DisableUserRequest>,
     ) -> Result<Response<DisableUserResponse>, Status> {
+        traced(&request);
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = self.mode(&request)?;
         let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
@@ -137,8 +140,9 @@ impl UsersService for UsersApi {
         })
     }
 
-    #[tracing::instrument(name = "GetUser", skip_all)]
+    #[tracing::instrument(name = "GetUser", skip_all, fields(trace_id))]
     async fn get_user(&self, request: Request<GetUserRequest>) -> Result<Response<User>, Status> {
+        traced(&request);
         let id = validate::uuid("id", &request.into_inner().id)
             .map_err(metrics::invalid)
             .map_err(Error::from)?;
@@ -159,6 +163,13 @@ impl UsersService for UsersApi {
             source_version: u64::try_from(user.source_version).unwrap_or_default(),
         }))
     }
+}
+
+/// Puts the caller's trace id (its `traceparent`, or a new trace) on the handler's span, so
+/// every log line of the call carries the `trace_id` of the student's journey.
+fn traced<T>(request: &Request<T>) {
+    let trace = TraceContext::continue_from(request.metadata());
+    tracing::Span::current().record("trace_id", tracing::field::display(trace.trace_id()));
 }
 
 fn applied(outcome: &SavedOutcome) -> Option<(Uuid, bool)> {

@@ -65,6 +65,9 @@ pub struct Config {
     /// Serve Prometheus metrics at http://ADDR/metrics (off when unset; port 0 picks one).
     #[arg(long, env = "USERS_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Log lines as `text` or `json` (JSON lines carry `trace_id` as a field).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: platform::telemetry::LogFormat,
     /// Require `authorization: Bearer <token>` on CreateUser and GetUser (16 bytes or more).
     /// A comma-separated list accepts each of them, to rotate a token with no failed call.
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]

@@ -6,8 +6,8 @@ use users_svc::{Command, Config, InboxCommand};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
-    platform::telemetry::init();
     let config = Config::parse();
+    platform::telemetry::init(config.log_format);
     match &config.command {
         Some(Command::Inbox {
             action: InboxCommand::Show { key },

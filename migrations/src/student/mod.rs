@@ -12,6 +12,7 @@ mod m20261201_000007_student_versions;
 mod m20261201_000008_outbox_claimable_index;
 mod m20261201_000009_outbox_retention_indexes;
 mod m20261201_000010_outbox_key_created_at;
+mod m20261201_000011_outbox_traceparent;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -30,6 +31,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000008_outbox_claimable_index::Migration),
             Box::new(m20261201_000009_outbox_retention_indexes::Migration),
             Box::new(m20261201_000010_outbox_key_created_at::Migration),
+            Box::new(m20261201_000011_outbox_traceparent::Migration),
         ]
     }
 }

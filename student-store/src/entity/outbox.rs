@@ -51,6 +51,9 @@ pub struct Model {
     /// When `idempotency_key` was issued, if later than `created_at` (a redrive with a new
     /// key). See [`Model::key_issued_at`].
     pub key_created_at: Option<DateTimeUtc>,
+    /// The W3C `traceparent` of the Student call that decided the row: the relay continues
+    /// that trace when it delivers the row.
+    pub traceparent: Option<String>,
 }
 
 impl Model {

@@ -1,0 +1,181 @@
+//! W3C trace context (`traceparent`), carried without OpenTelemetry: one trace id follows a
+//! student from CreateStudent (or any change) through its outbox row and the relay to
+//! Users, so every log line about it, in all three processes, carries the same `trace_id`.
+//!
+//! `traceparent` is `00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>`
+//! (<https://www.w3.org/TR/trace-context/>). An absent or malformed one starts a new trace,
+//! as the recommendation says: tracing never refuses a request.
+
+use std::fmt;
+
+use tonic::metadata::{MetadataMap, MetadataValue};
+
+/// The metadata entry (and header) that carries the context.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// One hop of a trace: the trace it belongs to and this hop's span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceContext {
+    trace_id: u128,
+    span_id: u64,
+    flags: u8,
+}
+
+impl TraceContext {
+    /// A new trace (sampled), for a request that arrived without one.
+    pub fn new_root() -> Self {
+        Self {
+            trace_id: nonzero_u128(),
+            span_id: nonzero_u64(),
+            flags: 0x01,
+        }
+    }
+
+    /// Parses a `traceparent` value; `None` when it is not a valid one.
+    pub fn parse(value: &str) -> Option<Self> {
+        let mut parts = value.trim().split('-');
+        let (version, trace_id, span_id, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        // Version 00 has exactly four parts; later versions may append more.
+        if version.len() != 2 || version == "ff" || (version == "00" && parts.next().is_some()) {
+            return None;
+        }
+        let lower_hex = |s: &str, len: usize| {
+            s.len() == len
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        if !lower_hex(version, 2)
+            || !lower_hex(trace_id, 32)
+            || !lower_hex(span_id, 16)
+            || !lower_hex(flags, 2)
+        {
+            return None;
+        }
+        let context = Self {
+            trace_id: u128::from_str_radix(trace_id, 16).ok()?,
+            span_id: u64::from_str_radix(span_id, 16).ok()?,
+            flags: u8::from_str_radix(flags, 16).ok()?,
+        };
+        (context.trace_id != 0 && context.span_id != 0).then_some(context)
+    }
+
+    /// The context a request carries in its `traceparent` metadata, continued by a span of
+    /// this process; a new trace when there is none or it is malformed.
+    pub fn continue_from(metadata: &MetadataMap) -> Self {
+        metadata
+            .get(TRACEPARENT)
+            .and_then(|value| value.to_str().ok())
+            .and_then(Self::parse)
+            .map_or_else(Self::new_root, |parent| parent.child())
+    }
+
+    /// The context stored with a row (`outbox.traceparent`), continued by a span of this
+    /// process; a new trace for a row stored without one.
+    pub fn continue_stored(stored: Option<&str>) -> Self {
+        stored
+            .and_then(Self::parse)
+            .map_or_else(Self::new_root, |parent| parent.child())
+    }
+
+    /// The next hop: the same trace, a new span.
+    pub fn child(self) -> Self {
+        Self {
+            span_id: nonzero_u64(),
+            ..self
+        }
+    }
+
+    /// The trace id as 32 lowercase hex digits: what every log line about the work carries.
+    pub fn trace_id(&self) -> String {
+        format!("{:032x}", self.trace_id)
+    }
+
+    /// Adds this context to outgoing metadata, as the parent of the callee's span.
+    pub fn inject(&self, metadata: &mut MetadataMap) {
+        // Always ASCII hex and dashes.
+        if let Ok(value) = MetadataValue::try_from(self.to_string()) {
+            metadata.insert(TRACEPARENT, value);
+        }
+    }
+}
+
+impl fmt::Display for TraceContext {
+    /// The `traceparent` value.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id, self.span_id, self.flags
+        )
+    }
+}
+
+fn nonzero_u128() -> u128 {
+    loop {
+        let id = uuid::Uuid::new_v4().as_u128();
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+fn nonzero_u64() -> u64 {
+    loop {
+        #[allow(clippy::cast_possible_truncation)] // the low 64 bits of a random id
+        let id = uuid::Uuid::new_v4().as_u128() as u64;
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_round_trips_and_continues_its_trace() {
+        let parsed = TraceContext::parse(EXAMPLE).expect("valid");
+        assert_eq!(parsed.to_string(), EXAMPLE);
+        assert_eq!(parsed.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let child = parsed.child();
+        assert_eq!(child.trace_id(), parsed.trace_id());
+        assert_ne!(child.to_string(), parsed.to_string());
+        let mut metadata = MetadataMap::new();
+        metadata.insert(TRACEPARENT, EXAMPLE.parse().expect("ascii"));
+        assert_eq!(
+            TraceContext::continue_from(&metadata).trace_id(),
+            parsed.trace_id()
+        );
+        assert_eq!(
+            TraceContext::continue_stored(Some(EXAMPLE)).trace_id(),
+            parsed.trace_id()
+        );
+    }
+
+    #[test]
+    fn a_malformed_traceparent_starts_a_new_trace() {
+        for bad in [
+            "",
+            "garbage",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert_eq!(TraceContext::parse(bad), None, "{bad:?}");
+        }
+        let fresh = TraceContext::continue_stored(Some("garbage"));
+        assert_eq!(fresh.trace_id().len(), 32);
+        assert_ne!(fresh.trace_id(), "0".repeat(32));
+        assert_ne!(
+            TraceContext::new_root().trace_id(),
+            TraceContext::new_root().trace_id()
+        );
+    }
+}
