@@ -347,7 +347,14 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
     stack
         .restart_users_with(
             None,
-            &["--inbox-retention", "2s", "--inbox-purge-interval", "100ms"],
+            &[
+                "--inbox-retention",
+                "2s",
+                "--inbox-purge-interval",
+                "100ms",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ],
         )
         .await;
     stack
@@ -438,6 +445,24 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
         users_and_inbox_rows(&stack.users_db).await,
         (3, 0),
         "nothing executed, nothing saved"
+    );
+    let users = scrape(stack.metrics_addr("users-svc").await).await;
+    assert_eq!(
+        sample(
+            &users,
+            "inbox_requests_total",
+            &[("rpc", "CreateUser"), ("result", "expired")]
+        ),
+        1.0,
+        "{users}"
+    );
+    assert_eq!(
+        sample(
+            &users,
+            "users_rejected_total",
+            &[("reason", "DELIVERY_EXPIRED")]
+        ),
+        1.0
     );
 
     // retry-failed explains what to check, and re-keys only when told to.
