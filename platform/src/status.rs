@@ -68,6 +68,11 @@ pub fn reason(status: &Status) -> Option<String> {
     status.get_details_error_info().map(|info| info.reason)
 }
 
+/// How long a status's `RetryInfo` asks the caller to wait, if it has one.
+pub fn retry_after(status: &Status) -> Option<Duration> {
+    status.get_details_retry_info()?.retry_delay
+}
+
 /// The canonical upper-case name of a gRPC code, as in `ALREADY_EXISTS`.
 pub fn code_name(code: Code) -> &'static str {
     match code {

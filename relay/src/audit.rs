@@ -9,11 +9,12 @@
 //! relays run (see `student_store::audit::students_page` for why no race reports a false
 //! problem).
 
-use std::{collections::HashMap, io::Write};
+use std::{collections::HashMap, io::Write, time::Duration};
 
 use futures::StreamExt as _;
 use sea_orm::DatabaseConnection;
 use student_store::audit::{self, AuditedStudent};
+use tonic::Code;
 use uuid::Uuid;
 
 use crate::users_client::UsersClient;
@@ -22,6 +23,10 @@ use crate::users_client::UsersClient;
 const PAGE: u64 = 500;
 /// `GetUser` calls in flight at once.
 const LOOKUPS_IN_FLIGHT: usize = 16;
+/// How often one lookup may be shed before the audit gives up (exit 2), and the wait when
+/// Users does not say how long.
+const MAX_SHED: u32 = 100;
+const SHED_WAIT: Duration = Duration::from_millis(200);
 
 /// What an audit found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -89,13 +94,7 @@ async fn owners_of_linked_users(
 ) -> anyhow::Result<HashMap<Uuid, Option<String>>> {
     let linked: Vec<Uuid> = page.iter().filter_map(|student| student.user_id).collect();
     let answers: Vec<(Uuid, Result<Option<String>, tonic::Status>)> = futures::stream::iter(linked)
-        .map(|user| async move {
-            let owner = users
-                .get_user(user)
-                .await
-                .map(|found| found.map(|user| user.student_id));
-            (user, owner)
-        })
+        .map(|user| async move { (user, owner_of(users, user).await) })
         .buffer_unordered(LOOKUPS_IN_FLIGHT)
         .collect()
         .await;
@@ -111,6 +110,22 @@ async fn owners_of_linked_users(
             })
         })
         .collect()
+}
+
+/// The student Users says `user` belongs to (`None`: no such user). A call Users sheds
+/// (over its concurrency limit: not an answer) is asked again after the wait Users asks for.
+async fn owner_of(users: &UsersClient, user: Uuid) -> Result<Option<String>, tonic::Status> {
+    let mut shed = 0;
+    loop {
+        match users.get_user(user).await {
+            Err(status) if status.code() == Code::ResourceExhausted && shed < MAX_SHED => {
+                shed += 1;
+                let wait = platform::status::retry_after(&status).unwrap_or(SHED_WAIT);
+                tokio::time::sleep(wait).await;
+            }
+            answer => return answer.map(|found| found.map(|user| user.student_id)),
+        }
+    }
 }
 
 /// The problems of one student, given who Users says owns each linked user.

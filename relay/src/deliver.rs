@@ -2,7 +2,7 @@
 //! record the answer (the continuous loop around it is `pipeline.rs`). Delivery is
 //! at-least-once; Users' inbox makes the effect exactly-once.
 
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 
 use futures::StreamExt as _;
 use platform::{
@@ -17,12 +17,14 @@ use student_store::{
     outbox::{self, Delivered, Problem, RecordError},
 };
 use tokio_util::sync::CancellationToken;
+use tonic::Code;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::{
     RunConfig,
     backoff::retry_delay,
+    budget::CallBudget,
     classify::{Failure, classify, permanent_failure_kind},
     metrics::{self, Outcome},
     users_client::{Key, UsersClient, row_trace},
@@ -60,6 +62,9 @@ pub struct Relay {
     /// Inside [`Relay::run`]: where answered rows go to be recorded together (see
     /// `finalize.rs`). `None`: each row is recorded on its own.
     pub(crate) finalizer: Option<crate::finalize::Finalizer>,
+    /// How many calls may be in flight now: up to `config.concurrency`, fewer while Users
+    /// sheds calls (see `budget.rs`).
+    pub(crate) budget: Arc<CallBudget>,
 }
 
 impl Relay {
@@ -69,9 +74,10 @@ impl Relay {
         Self {
             db,
             users,
-            config,
             id: format!("relay-{}-{}", std::process::id(), &random[..8]),
             finalizer: None,
+            budget: Arc::new(CallBudget::new(usize::from(config.concurrency))),
+            config,
         }
     }
 
@@ -117,6 +123,7 @@ impl Relay {
                 Ok((Delivery::Retried, _)) => outcome.retried += 1,
                 Ok((Delivery::Failed, _)) => outcome.failed += 1,
                 Ok((Delivery::Superseded, _)) => outcome.superseded += 1,
+                Ok((Delivery::Shed, _)) => outcome.released += 1,
                 Ok((Delivery::Unsent, id)) => unsent.push(id),
                 // A row whose outcome could not be recorded keeps its lease; it is claimed
                 // again when the lease runs out.
@@ -124,12 +131,10 @@ impl Relay {
             }
         }
         if !unsent.is_empty() {
-            outcome.released =
+            let released =
                 usize::try_from(outbox::release(&self.db, &unsent, &self.id).await?).unwrap_or(0);
-            tracing::info!(
-                released = outcome.released,
-                "released unsent rows for other relays"
-            );
+            outcome.released += released;
+            tracing::info!(released, "released unsent rows for other relays");
         }
         match first_error {
             Some(err) => Err(err),
@@ -209,6 +214,9 @@ impl Relay {
             .deliver(Key::of(&row, trace), &effect, false)
             .await;
         metrics::users_call(call_started.elapsed());
+        if !matches!(&answer, Err(status) if status.code() == Code::ResourceExhausted) {
+            self.budget.answered();
+        }
         let answer = match answer {
             Ok(answer) => answer,
             Err(status) => return self.record_error(&row, &status).await,
@@ -305,6 +313,9 @@ impl Relay {
             platform::status::reason(status).unwrap_or_else(|| code.to_owned()),
             status.message(),
         );
+        if status.code() == Code::ResourceExhausted {
+            return self.record_shed(row, status, &problem).await;
+        }
         let attempts = u32::try_from(row.attempts).unwrap_or(0);
         match classify(status) {
             Failure::Permanent => {
@@ -335,6 +346,29 @@ impl Relay {
     }
 }
 
+impl Relay {
+    /// Users shed the call (over its `--max-concurrent-requests`): it judged nothing. The
+    /// row goes back with its attempt handed back, after the wait Users asked for, and this
+    /// relay sends fewer calls at once for a while.
+    async fn record_shed(
+        &self,
+        row: &outbox_row::Model,
+        status: &tonic::Status,
+        problem: &Problem,
+    ) -> anyhow::Result<Delivery> {
+        if let Some(limit) = self.budget.shed() {
+            tracing::info!(limit, "Users is shedding calls; sending fewer at once");
+        }
+        let delay = platform::status::retry_after(status).unwrap_or(self.config.backoff_base);
+        tracing::debug!(outbox_id = row.id, retry_in = ?delay, "call shed by Users; the row goes back with its attempt");
+        if outbox::record_shed(&self.db, row, &self.id, problem, delay).await? {
+            Ok(Delivery::Shed)
+        } else {
+            Ok(self.superseded(row))
+        }
+    }
+}
+
 /// What became of one claimed row.
 pub(crate) enum Delivery {
     /// Recorded as done; `replayed` when Users answered from its inbox.
@@ -343,7 +377,10 @@ pub(crate) enum Delivery {
     },
     Retried,
     Failed,
+    /// Handed back unsent: a lease too short to send within, or the relay stopping.
     Unsent,
+    /// Shed by Users unjudged, and given back with its attempt.
+    Shed,
     Superseded,
 }
 
@@ -354,7 +391,7 @@ impl Delivery {
             Self::Delivered { replayed: true } => Outcome::Replayed,
             Self::Retried => Outcome::Retried,
             Self::Failed => Outcome::Failed,
-            Self::Unsent => Outcome::Released,
+            Self::Unsent | Self::Shed => Outcome::Released,
             Self::Superseded => Outcome::Superseded,
         }
     }

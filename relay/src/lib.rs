@@ -9,6 +9,7 @@
 
 pub mod audit;
 mod backoff;
+mod budget;
 pub mod classify;
 pub mod cli;
 mod config;

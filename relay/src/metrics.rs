@@ -15,6 +15,7 @@ pub const USERS_CALL_SECONDS: &str = "relay_users_call_seconds";
 pub const LINK_LATENCY_SECONDS: &str = "outbox_link_latency_seconds";
 pub const OUTBOX_ROWS: &str = "outbox_rows";
 pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+pub const IN_FLIGHT_LIMIT: &str = "relay_in_flight_limit";
 
 /// How often the gauges are read from the database. Each read touches only the rows still
 /// to deliver and the failed ones (see `outbox::report`), never the delivered history.
@@ -67,6 +68,10 @@ pub fn describe() {
         "From an outbox row's creation to its delivery being recorded (done)"
     );
     metrics::describe_gauge!(
+        IN_FLIGHT_LIMIT,
+        "Calls to Users this relay may have in flight now: --concurrency, lowered while Users sheds calls"
+    );
+    metrics::describe_gauge!(
         OUTBOX_ROWS,
         "Outbox rows by status, read from the Student DB (done: estimated on PostgreSQL)"
     );
@@ -81,6 +86,12 @@ pub fn describe() {
 pub fn delivery(effect: &str, outcome: Outcome) {
     metrics::counter!(DELIVERIES, "effect" => effect.to_owned(), "outcome" => outcome.label())
         .increment(1);
+}
+
+/// Sets how many calls this relay may have in flight now.
+pub fn in_flight_limit(limit: usize) {
+    #[allow(clippy::cast_precision_loss)] // at most --concurrency, a u16
+    metrics::gauge!(IN_FLIGHT_LIMIT).set(limit as f64);
 }
 
 /// Times one call to Users.

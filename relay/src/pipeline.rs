@@ -40,15 +40,21 @@ impl Relay {
     }
 
     async fn deliver_until(&self, wakeup: Wakeup, shutdown: CancellationToken) {
-        let concurrency = usize::from(self.config.concurrency);
-        // Claim again once this many slots are free, rather than one row at a time: a
-        // claim is a transaction, and small ones cost more than they gain.
-        let refill = (concurrency / 4).max(1);
         let mut in_flight = InFlight::new();
         let mut due = true;
         let mut consecutive_errors = 0u32;
+        let mut reported_limit = None;
         while !shutdown.is_cancelled() {
-            let free = concurrency - in_flight.len();
+            // Up to --concurrency calls, fewer while Users sheds calls (see `budget.rs`).
+            let concurrency = self.budget.limit();
+            if reported_limit != Some(concurrency) {
+                crate::metrics::in_flight_limit(concurrency);
+                reported_limit = Some(concurrency);
+            }
+            // Claim again once this many slots are free, rather than one row at a time: a
+            // claim is a transaction, and small ones cost more than they gain.
+            let refill = (concurrency / 4).max(1);
+            let free = concurrency.saturating_sub(in_flight.len());
             if due && (free >= refill || in_flight.is_empty()) {
                 let limit = free.min(usize::from(self.config.batch_size));
                 match self.claim(u32::try_from(limit).unwrap_or(u32::MAX)).await {

@@ -354,6 +354,41 @@ pub async fn record_retry(
     problem: &Problem,
     delay: Duration,
 ) -> Result<bool, DbErr> {
+    give_back(db, row, relay_id, problem, delay, AttemptUsed::Yes).await
+}
+
+/// Gives a row back as `pending`, due after `delay`, when Users shed its call
+/// (RESOURCE_EXHAUSTED: overloaded, the request not even judged), handing back the attempt
+/// its claim counted: overload, however long, never uses up a row's attempts. Returns
+/// false, changing nothing, if the row is no longer held by this claim.
+///
+/// The next claim counts the same attempt number again; that cannot confuse the fence
+/// (`held_by_claim`), since this claim ends here and leaves nothing in flight.
+pub async fn record_shed(
+    db: &DatabaseConnection,
+    row: &outbox::Model,
+    relay_id: &str,
+    problem: &Problem,
+    delay: Duration,
+) -> Result<bool, DbErr> {
+    give_back(db, row, relay_id, problem, delay, AttemptUsed::No).await
+}
+
+/// Whether a row given back keeps the attempt its claim counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AttemptUsed {
+    Yes,
+    No,
+}
+
+async fn give_back(
+    db: &DatabaseConnection,
+    row: &outbox::Model,
+    relay_id: &str,
+    problem: &Problem,
+    delay: Duration,
+    attempt: AttemptUsed,
+) -> Result<bool, DbErr> {
     let backend = db.get_database_backend();
     let available_at = match backend {
         DbBackend::Postgres => {
@@ -368,9 +403,16 @@ pub async fn record_retry(
             outbox::Column::LastError,
             Expr::value(problem.message.clone()),
         )
-        .col_expr(outbox::Column::AvailableAt, available_at)
-        .exec(db)
-        .await?;
+        .col_expr(outbox::Column::AvailableAt, available_at);
+    let retried = match attempt {
+        AttemptUsed::Yes => retried,
+        AttemptUsed::No => retried.col_expr(
+            outbox::Column::Attempts,
+            Expr::col(outbox::Column::Attempts).sub(1),
+        ),
+    }
+    .exec(db)
+    .await?;
     Ok(retried.rows_affected == 1)
 }
 

@@ -32,6 +32,7 @@ on_both_backends!(
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
     two_replicas_migrating_one_empty_database_at_once_both_serve,
     direct_mode_loses_the_student_where_the_outbox_does_not,
+    calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -519,4 +520,42 @@ async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backen
     assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 1));
     // Users: the orphan of the direct flow, and student 2's user, created once.
     assert_eq!(users_and_inbox_rows(&stack.users_db).await, (2, 3));
+}
+
+/// Users sheds what exceeds its `--max-concurrent-requests` (RESOURCE_EXHAUSTED, the call
+/// not judged). A relay sending far more at once gives each shed row back with its attempt,
+/// and sends fewer: with only two attempts allowed, every student is still linked, each at
+/// its first attempt.
+async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    // Two calls at most, each held 50 ms: a relay at 64 in flight overruns it at once.
+    stack
+        .restart_users_with(
+            Some("users-on-request=sleep(50)"),
+            &["--max-concurrent-requests", "2"],
+        )
+        .await;
+    stack.create_students(0..30).await;
+    stack.start_relay(None, &["--concurrency", "64", "--max-attempts", "2"]);
+    stack.wait_until_all_linked(30).await;
+    let rows = stack.outbox_rows().await;
+    assert!(
+        rows.iter()
+            .all(|row| row.status == OutboxStatus::Done && row.attempts == 1),
+        "{:?}",
+        rows.iter()
+            .map(|row| (row.id, row.status, row.attempts))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        stack
+            .relay_log()
+            .contains("Users is shedding calls; sending fewer at once"),
+        "the relay saw calls shed"
+    );
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 30).await;
+    stack.assert_audit_clean(30);
 }

@@ -1,0 +1,114 @@
+//! How many calls to Users a relay keeps in flight: adaptive, up to `--concurrency`.
+//!
+//! Users sheds calls beyond its `--max-concurrent-requests` (RESOURCE_EXHAUSTED, unjudged).
+//! Several relays, each at its own `--concurrency`, can together exceed that limit; instead
+//! of overrunning Users, each relay halves its calls in flight when a call is shed and grows
+//! back by one for every `limit` calls answered: additive increase, multiplicative decrease,
+//! as TCP does with its window. One overrun sheds many calls at once, so the limit is cut at
+//! most once per [`COOLDOWN`].
+
+use std::{
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+/// The least time between two cuts: about one round of calls.
+const COOLDOWN: Duration = Duration::from_millis(100);
+
+/// The adaptive limit on calls in flight.
+#[derive(Debug)]
+pub struct CallBudget {
+    max: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    limit: usize,
+    /// Calls answered since the limit last grew.
+    answered: usize,
+    last_cut: Option<Instant>,
+}
+
+impl CallBudget {
+    /// Starts at `max`, the most calls ever in flight.
+    pub fn new(max: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            max,
+            state: Mutex::new(State {
+                limit: max,
+                answered: 0,
+                last_cut: None,
+            }),
+        }
+    }
+
+    /// How many calls may be in flight now.
+    pub fn limit(&self) -> usize {
+        self.lock().limit
+    }
+
+    /// Users judged a call (whatever its answer): one step towards one more call in flight.
+    pub fn answered(&self) {
+        let mut state = self.lock();
+        state.answered += 1;
+        if state.answered >= state.limit && state.limit < self.max {
+            state.limit += 1;
+            state.answered = 0;
+        }
+    }
+
+    /// Users shed a call: halve the calls in flight, unless they were just cut. Returns the
+    /// new limit when it was cut.
+    pub fn shed(&self) -> Option<usize> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        if state
+            .last_cut
+            .is_some_and(|last| now.duration_since(last) < COOLDOWN)
+        {
+            return None;
+        }
+        state.limit = (state.limit / 2).max(1);
+        state.answered = 0;
+        state.last_cut = Some(now);
+        Some(state.limit)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent whatever panicked while holding it.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shed_halves_the_limit_once_per_cooldown_and_answers_grow_it_back() {
+        let budget = CallBudget::new(64);
+        assert_eq!(budget.limit(), 64);
+        assert_eq!(budget.shed(), Some(32));
+        // The rest of the same overrun changes nothing.
+        assert_eq!(budget.shed(), None);
+        assert_eq!(budget.limit(), 32);
+        // One more call in flight per `limit` calls answered.
+        for _ in 0..31 {
+            budget.answered();
+        }
+        assert_eq!(budget.limit(), 32);
+        budget.answered();
+        assert_eq!(budget.limit(), 33);
+        // Never above the configured maximum, never below one.
+        for _ in 0..100_000 {
+            budget.answered();
+        }
+        assert_eq!(budget.limit(), 64);
+        let tiny = CallBudget::new(1);
+        assert_eq!(tiny.shed(), Some(1));
+    }
+}
