@@ -70,6 +70,18 @@ impl TraceContext {
             .map_or_else(Self::new_root, |parent| parent.child())
     }
 
+    /// Like [`TraceContext::continue_from`], and records the trace id as the `trace_id`
+    /// field of the current span (a gRPC handler's, declared with `fields(trace_id)`), so
+    /// every log line of the call carries it.
+    pub fn continue_in_current_span(metadata: &MetadataMap) -> Self {
+        let trace = Self::continue_from(metadata);
+        tracing::Span::current().record(
+            crate::telemetry::TRACE_ID_FIELD,
+            tracing::field::display(trace.trace_id()),
+        );
+        trace
+    }
+
     /// The context stored with a row (`outbox.traceparent`), continued by a span of this
     /// process; a new trace for a row stored without one.
     pub fn continue_stored(stored: Option<&str>) -> Self {

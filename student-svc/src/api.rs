@@ -26,9 +26,7 @@ use crate::{
 /// one. Its id goes on the handler's span, so every log line of the call carries it, and
 /// the context goes on the outbox row, so the relay and Users continue it.
 fn traced<T>(request: &Request<T>) -> TraceContext {
-    let trace = TraceContext::continue_from(request.metadata());
-    tracing::Span::current().record("trace_id", tracing::field::display(trace.trace_id()));
-    trace
+    TraceContext::continue_in_current_span(request.metadata())
 }
 
 /// Page size when the caller asks for none.

@@ -168,8 +168,7 @@ impl UsersService for UsersApi {
 /// Puts the caller's trace id (its `traceparent`, or a new trace) on the handler's span, so
 /// every log line of the call carries the `trace_id` of the student's journey.
 fn traced<T>(request: &Request<T>) {
-    let trace = TraceContext::continue_from(request.metadata());
-    tracing::Span::current().record("trace_id", tracing::field::display(trace.trace_id()));
+    TraceContext::continue_in_current_span(request.metadata());
 }
 
 fn applied(outcome: &SavedOutcome) -> Option<(Uuid, bool)> {
