@@ -344,9 +344,7 @@ impl Relay {
             }
         }
     }
-}
 
-impl Relay {
     /// Users shed the call (over its `--max-concurrent-requests`): it judged nothing. The
     /// row goes back with its attempt handed back, after the wait Users asked for, and this
     /// relay sends fewer calls at once for a while.
