@@ -150,6 +150,12 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         sample(&relay, "outbox_oldest_pending_age_seconds", &[]),
         0.0
     );
+    // No call was shed: the relay may still send its whole --concurrency (64) at once.
+    assert_eq!(
+        sample(&relay, "relay_in_flight_limit", &[]),
+        64.0,
+        "{relay}"
+    );
 
     // A replay is answered from the inbox, and counted so.
     let replay = stack.relay_command(&["replay", "--all"]);
