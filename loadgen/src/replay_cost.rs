@@ -1,11 +1,14 @@
 //! What answering a repeat from the inbox costs next to executing a CreateUser: the same
-//! requests, one at a time, first fresh, then again with `idempotency-replay-only`.
+//! requests, one at a time, first fresh, then again with `idempotency-replay-only`; and,
+//! for scale, the floor under both: a gRPC call on the same channel with no database
+//! behind it (the health service's `Check`).
 
 use std::time::{Duration, Instant};
 
 use proto::users::v1::{CreateUserRequest, users_service_client::UsersServiceClient};
 use serde::Serialize;
 use tonic::{Request, metadata::MetadataValue, transport::Channel};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::{
     stats::{Latency, ratio},
@@ -16,6 +19,8 @@ use crate::{
 pub struct ReplayCost {
     pub fresh: Latency,
     pub replay: Latency,
+    /// `grpc.health.v1.Health/Check` on the same channel: a call that reads no database.
+    pub call_floor: Latency,
     /// Replay p50 ÷ fresh p50.
     pub ratio: f64,
 }
@@ -32,7 +37,7 @@ pub async fn measure(backend: &Backend, calls: usize) -> anyhow::Result<ReplayCo
             .tcp_nodelay(true)
             .connect()
             .await?;
-        let client = UsersServiceClient::new(channel);
+        let client = UsersServiceClient::new(channel.clone());
         let requests: Vec<CreateUserRequest> = (0..calls)
             .map(|n| CreateUserRequest {
                 idempotency_key: format!("replay-cost-{n}"),
@@ -43,12 +48,15 @@ pub async fn measure(backend: &Backend, calls: usize) -> anyhow::Result<ReplayCo
                 student_id: uuid::Uuid::now_v7().to_string(),
             })
             .collect();
+        let health = HealthClient::new(channel);
         let fresh = time_calls(&client, &requests, false).await?;
         let replay = time_calls(&client, &requests, true).await?;
+        let call_floor = time_health_checks(&health, calls).await?;
         anyhow::Ok(ReplayCost {
             ratio: ratio(replay.p50_ms, fresh.p50_ms),
             fresh,
             replay,
+            call_floor,
         })
     }
     .await;
@@ -72,6 +80,19 @@ async fn time_calls(
         }
         let started = Instant::now();
         client.clone().create_user(request).await?;
+        times.push(started.elapsed());
+    }
+    Ok(Latency::of(times))
+}
+
+async fn time_health_checks(
+    client: &HealthClient<Channel>,
+    calls: usize,
+) -> anyhow::Result<Latency> {
+    let mut times: Vec<Duration> = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let started = Instant::now();
+        client.clone().check(HealthCheckRequest::default()).await?;
         times.push(started.elapsed());
     }
     Ok(Latency::of(times))
