@@ -27,7 +27,7 @@ use crate::{
     budget::CallBudget,
     classify::{Failure, classify, permanent_failure_kind},
     metrics::{self, Outcome},
-    users_client::{Key, UsersClient, row_trace},
+    users_client::{self, Key, UsersClient, row_trace},
 };
 
 /// What one [`Relay::deliver_batch`] did.
@@ -188,7 +188,7 @@ impl Relay {
             return Ok((Delivery::Unsent, id));
         }
         let effect = row.effect_type.clone();
-        let delivery = self.deliver(row, trace).await?;
+        let delivery = self.deliver(row, trace, lease_ends).await?;
         metrics::delivery(&effect, delivery.outcome());
         Ok((delivery, id))
     }
@@ -197,6 +197,7 @@ impl Relay {
         &self,
         row: outbox_row::Model,
         trace: TraceContext,
+        lease_ends: Instant,
     ) -> anyhow::Result<Delivery> {
         let effect = match Effect::decode(&row.effect_type, &row.payload) {
             Ok(effect) => effect,
@@ -208,16 +209,7 @@ impl Relay {
                 return self.fail(&row, FailureKind::Rejected, &problem).await;
             }
         };
-        let call_started = Instant::now();
-        let answer = self
-            .users
-            .deliver(Key::of(&row, trace), &effect, false)
-            .await;
-        metrics::users_call(call_started.elapsed());
-        if !matches!(&answer, Err(status) if status.code() == Code::ResourceExhausted) {
-            self.budget.answered();
-        }
-        let answer = match answer {
+        let answer = match self.call_users(&row, &effect, trace, lease_ends).await {
             Ok(answer) => answer,
             Err(status) => return self.record_error(&row, &status).await,
         };
@@ -275,6 +267,42 @@ impl Relay {
                 self.fail(&row, FailureKind::Rejected, &problem).await
             }
             Err(RecordError::Db(err)) => Err(err.into()),
+        }
+    }
+
+    /// Sends `row` to Users. A call Users sheds (RESOURCE_EXHAUSTED: over its
+    /// `--max-concurrent-requests`, nothing judged) makes this relay send fewer calls at once
+    /// and is sent again after the wait Users asked for (jittered, so shed calls do not come
+    /// back together), as long as the lease still covers it: a shed costs one refused call,
+    /// not a write. A shed answer that the lease cannot cover is returned as is.
+    async fn call_users(
+        &self,
+        row: &outbox_row::Model,
+        effect: &Effect,
+        trace: TraceContext,
+        lease_ends: Instant,
+    ) -> Result<users_client::Answer, tonic::Status> {
+        loop {
+            let call_started = Instant::now();
+            let answer = self.users.deliver(Key::of(row, trace), effect, false).await;
+            metrics::users_call(call_started.elapsed());
+            let status = match answer {
+                Err(status) if status.code() == Code::ResourceExhausted => status,
+                answer => {
+                    self.budget.answered();
+                    return answer;
+                }
+            };
+            if let Some(limit) = self.budget.shed() {
+                tracing::info!(limit, "Users is shedding calls; sending fewer at once");
+            }
+            let asked = platform::status::retry_after(&status).unwrap_or(self.config.backoff_base);
+            let wait = asked.mul_f64(1.0 + fastrand::f64());
+            if Instant::now() + wait + self.config.call_timeout >= lease_ends {
+                return Err(status);
+            }
+            tracing::debug!(outbox_id = row.id, retry_in = ?wait, "call shed by Users; sending it again");
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -345,20 +373,17 @@ impl Relay {
         }
     }
 
-    /// Users shed the call (over its `--max-concurrent-requests`): it judged nothing. The
-    /// row goes back with its attempt handed back, after the wait Users asked for, and this
-    /// relay sends fewer calls at once for a while.
+    /// Users shed the call (over its `--max-concurrent-requests`) and the lease left no
+    /// time to send it again: Users judged nothing, so the row goes back with its attempt
+    /// handed back, due after the wait Users asked for.
     async fn record_shed(
         &self,
         row: &outbox_row::Model,
         status: &tonic::Status,
         problem: &Problem,
     ) -> anyhow::Result<Delivery> {
-        if let Some(limit) = self.budget.shed() {
-            tracing::info!(limit, "Users is shedding calls; sending fewer at once");
-        }
         let delay = platform::status::retry_after(status).unwrap_or(self.config.backoff_base);
-        tracing::debug!(outbox_id = row.id, retry_in = ?delay, "call shed by Users; the row goes back with its attempt");
+        tracing::info!(outbox_id = row.id, retry_in = ?delay, "call shed by Users and the lease leaves no time to send it again; the row goes back with its attempt");
         if outbox::record_shed(&self.db, row, &self.id, problem, delay).await? {
             Ok(Delivery::Shed)
         } else {

@@ -33,6 +33,7 @@ on_both_backends!(
     two_replicas_migrating_one_empty_database_at_once_both_serve,
     direct_mode_loses_the_student_where_the_outbox_does_not,
     calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
+    a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -523,9 +524,9 @@ async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backen
 }
 
 /// Users sheds what exceeds its `--max-concurrent-requests` (RESOURCE_EXHAUSTED, the call
-/// not judged). A relay sending far more at once gives each shed row back with its attempt,
-/// and sends fewer: with only two attempts allowed, every student is still linked, each at
-/// its first attempt.
+/// not judged). A relay sending far more at once sends fewer, and sends each shed call
+/// again after the wait Users asks for, inside the row's lease: no write, no attempt used.
+/// With only two attempts allowed, every student is still linked at its first attempt.
 async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
@@ -539,9 +540,74 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
         )
         .await;
     stack.create_students(0..30).await;
-    stack.start_relay(None, &["--concurrency", "64", "--max-attempts", "2"]);
+    // A lease of 15 s (the default; the tests' own is 2 s) leaves time for every wait.
+    stack.start_relay(
+        None,
+        &[
+            "--concurrency",
+            "64",
+            "--max-attempts",
+            "2",
+            "--lease",
+            "15s",
+        ],
+    );
     stack.wait_until_all_linked(30).await;
-    let rows = stack.outbox_rows().await;
+    assert_linked_at_first_attempt(&stack.outbox_rows().await);
+    let log = stack.relay_log();
+    assert!(
+        log.contains("Users is shedding calls; sending fewer at once"),
+        "the relay saw calls shed"
+    );
+    // The lease covered every wait: no row went back to the table.
+    assert!(!log.contains(GIVEN_BACK), "{log}");
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 30).await;
+    stack.assert_audit_clean(30);
+}
+
+/// What the relay logs when a shed call's row goes back to the table with its attempt.
+const GIVEN_BACK: &str = "the row goes back with its attempt";
+
+/// The same overload with a lease too short to wait in: one call at a time, 400 ms each,
+/// against rows that must be sent within half a second of their claim. Most shed rows go
+/// back to the table with their attempt handed back, and are claimed again later: still
+/// each linked at its first attempt.
+async fn a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack
+        .restart_users_with(
+            Some("users-on-request=sleep(400)"),
+            &["--max-concurrent-requests", "1"],
+        )
+        .await;
+    stack.create_students(0..8).await;
+    // Lease 1.5 s = call timeout 1 s + the least margin (0.5 s): a row shed after the
+    // first half second of its lease cannot be sent again within it.
+    stack.start_relay(
+        None,
+        &[
+            "--concurrency",
+            "8",
+            "--max-attempts",
+            "2",
+            "--call-timeout",
+            "1s",
+            "--lease",
+            "1500ms",
+        ],
+    );
+    stack.wait_until_all_linked(8).await;
+    assert_linked_at_first_attempt(&stack.outbox_rows().await);
+    let log = stack.relay_log();
+    assert!(log.contains(GIVEN_BACK), "{log}");
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 8).await;
+    stack.assert_audit_clean(8);
+}
+
+fn assert_linked_at_first_attempt(rows: &[outbox::Model]) {
     assert!(
         rows.iter()
             .all(|row| row.status == OutboxStatus::Done && row.attempts == 1),
@@ -550,12 +616,4 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
             .map(|row| (row.id, row.status, row.attempts))
             .collect::<Vec<_>>()
     );
-    assert!(
-        stack
-            .relay_log()
-            .contains("Users is shedding calls; sending fewer at once"),
-        "the relay saw calls shed"
-    );
-    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 30).await;
-    stack.assert_audit_clean(30);
 }
