@@ -28,7 +28,7 @@ use student_store::{
     students::{self, NewStudentRow},
     wake::{RelayBell, WakeRelays},
 };
-use users_svc::{create_user, inbox::Mode};
+use users_svc::{answer_cache::AnswerCache, create_user, inbox::Mode};
 use uuid::Uuid;
 
 use crate::system::{Backend, Databases};
@@ -119,7 +119,7 @@ pub async fn library(backend: &Backend, clients: usize, seconds: u64) -> anyhow:
         move |n| {
             let db = db.clone();
             async move {
-                create_user::create_user(&db, new_user(n), Mode::Execute)
+                create_user::create_user(&db, &AnswerCache::off(), new_user(n), Mode::Execute)
                     .await
                     .map(drop)
                     .map_err(|err| anyhow::anyhow!("{err:?}"))

@@ -157,12 +157,23 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         "{relay}"
     );
 
-    // A replay is answered from the inbox, and counted so.
+    // A replay is answered from the inbox, and counted so: here from the server's memory of
+    // the answers it saved itself, with no read of the table.
+    assert_eq!(
+        sample(&users, "inbox_answers_from_memory_total", &[]),
+        0.0,
+        "{users}"
+    );
     let replay = stack.relay_command(&["replay", "--all"]);
     assert_eq!(replay.status.code(), Some(0));
     let users = scrape(users_metrics).await;
     assert_eq!(
         sample(&users, "inbox_requests_total", &inbox("replayed")),
+        3.0,
+        "{users}"
+    );
+    assert_eq!(
+        sample(&users, "inbox_answers_from_memory_total", &[]),
         3.0,
         "{users}"
     );

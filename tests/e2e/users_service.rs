@@ -23,6 +23,7 @@ on_both_backends!(
     first_delivery_creates_one_user_and_one_inbox_row,
     repeated_delivery_returns_saved_user_id,
     key_reused_with_another_request_is_rejected_and_writes_nothing,
+    a_replica_that_did_not_execute_a_key_answers_it_from_the_table_then_from_memory,
     replay_only_request_never_creates,
     invalid_create_user_fields_are_named_and_nothing_is_stored,
     another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays,
@@ -50,9 +51,9 @@ async fn a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_
     backend: Backend,
 ) {
     let options = AppOptions {
-        inbox: users_svc::InboxRetention {
+        inbox: users_svc::InboxSettings {
             retention: std::time::Duration::from_secs(3600),
-            ..users_svc::InboxRetention::default()
+            ..users_svc::InboxSettings::default()
         },
         ..AppOptions::default()
     };
@@ -244,6 +245,40 @@ async fn key_reused_with_another_request_is_rejected_and_writes_nothing(backend:
         .into_inner()
         .user_id;
     assert_eq!(again, first);
+}
+
+/// Each users-svc remembers recent inbox answers. A replica that did not execute a key
+/// reads the saved answer from the table and remembers the first request's fingerprint,
+/// never the caller's: a reused key is refused, and the original request, repeated, gets
+/// the saved answer, from the table and then from memory.
+async fn a_replica_that_did_not_execute_a_key_answers_it_from_the_table_then_from_memory(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let first = app
+        .users
+        .clone()
+        .create_user(request("key-1"))
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id;
+    let mut replica = app.users_replica().await;
+    let mut other = request("key-1");
+    other.email = "someone.else@example.edu".to_owned();
+    let status = replica.create_user(other).await.expect_err("key reused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    for _ in 0..2 {
+        let again = replica
+            .create_user(request("key-1"))
+            .await
+            .expect("replayed");
+        assert!(again.metadata().get("idempotent-replayed").is_some());
+        assert_eq!(again.into_inner().user_id, first);
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
 }
 
 async fn replay_only_request_never_creates(backend: Backend) {

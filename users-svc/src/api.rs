@@ -14,6 +14,7 @@ use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
 use uuid::Uuid;
 
 use crate::{
+    answer_cache::AnswerCache,
     change_user::{self, UserChange},
     create_user,
     entity::{inbox::SavedOutcome, users},
@@ -28,13 +29,16 @@ pub struct UsersApi {
     db: DatabaseConnection,
     /// How long the inbox keeps a key: older keys it does not have are refused.
     inbox_retention: Duration,
+    /// Recent inbox answers, so a repeat needs no database read.
+    answers: AnswerCache,
 }
 
 impl UsersApi {
-    pub fn new(db: DatabaseConnection, inbox_retention: Duration) -> Self {
+    pub fn new(db: DatabaseConnection, inbox_retention: Duration, answers: AnswerCache) -> Self {
         Self {
             db,
             inbox_retention,
+            answers,
         }
     }
 
@@ -89,7 +93,7 @@ impl UsersService for UsersApi {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = self.mode(&request)?;
         let new = NewUser::try_from(request.into_inner()).map_err(metrics::invalid)?;
-        let answer = create_user::create_user(&self.db, new, mode).await;
+        let answer = create_user::create_user(&self.db, &self.answers, new, mode).await;
         metrics::inbox_request("CreateUser", &answer);
         let answer = answer?;
         encode_answer(answer, |outcome| match outcome {
@@ -109,7 +113,7 @@ impl UsersService for UsersApi {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = self.mode(&request)?;
         let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
-        let answer = change_user::change_user(&self.db, change, mode).await;
+        let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
         metrics::inbox_request("UpdateUser", &answer);
         let answer = answer?;
         encode_answer(answer, |outcome| {
@@ -129,7 +133,7 @@ impl UsersService for UsersApi {
         platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
         let mode = self.mode(&request)?;
         let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
-        let answer = change_user::change_user(&self.db, change, mode).await;
+        let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
         metrics::inbox_request("DisableUser", &answer);
         let answer = answer?;
         encode_answer(answer, |outcome| {

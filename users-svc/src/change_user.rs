@@ -7,7 +7,7 @@
 //! overwrite a newer one, whatever order deliveries arrive in.
 
 use platform::{
-    db::{begin_write, is_unique_violation},
+    db::{begin_write, is_unique_violation, now},
     failpoint,
     fingerprint::Fingerprint,
     redact, validate,
@@ -20,6 +20,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::{
+    answer_cache::AnswerCache,
     entity::{inbox::SavedOutcome, users},
     error::Error,
     inbox::{self, Answer, Mode},
@@ -121,6 +122,7 @@ impl UserChange {
 #[tracing::instrument(skip_all, fields(idempotency_key = %change.idempotency_key, student_id = %change.student_id, source_version = change.source_version), err(level = "debug"))]
 pub async fn change_user(
     db: &DatabaseConnection,
+    answers: &AnswerCache,
     change: UserChange,
     mode: Mode,
 ) -> Result<Answer, Error> {
@@ -129,19 +131,23 @@ pub async fn change_user(
         key: &change.idempotency_key,
         request_hash: &request_hash,
     };
-    if let Some(answer) = inbox::replay(db, request, mode).await? {
+    if let Some(answer) = inbox::replay(db, answers, request, mode).await? {
         tracing::info!("answered from the inbox");
         return Ok(answer);
     }
-    match apply_with_inbox(db, &change, request).await {
-        Ok(outcome) => Ok(Answer {
-            outcome,
-            replayed: false,
-        }),
+    let saved_at = now();
+    match apply_with_inbox(db, &change, request, saved_at).await {
+        Ok(outcome) => {
+            answers.remember(request, &outcome, saved_at);
+            Ok(Answer {
+                outcome,
+                replayed: false,
+            })
+        }
         Err(Error::Db(err)) if is_unique_violation(&err) => {
             // Only the inbox key is unique here (a change never touches the document
             // number): a concurrent delivery of this key won the race.
-            inbox::after_unique_violation(db, request)
+            inbox::after_unique_violation(db, answers, request)
                 .await?
                 .ok_or(Error::Db(err))
         }
@@ -150,11 +156,12 @@ pub async fn change_user(
 }
 
 /// The one transaction that executes a change: the user (if the change is newer than what
-/// it reflects) and the inbox row with the answer, together.
+/// it reflects) and the inbox row with the answer (saved at `saved_at`), together.
 async fn apply_with_inbox(
     db: &DatabaseConnection,
     change: &UserChange,
     request: inbox::Request<'_>,
+    saved_at: chrono::DateTime<chrono::Utc>,
 ) -> Result<SavedOutcome, Error> {
     let txn = begin_write(db).await?;
     // The user created for the student (the first, should Users hold several): locked, so
@@ -192,7 +199,9 @@ async fn apply_with_inbox(
         user_id: user.id,
         applied,
     };
-    inbox::entry(request, &outcome)?.insert(&txn).await?;
+    inbox::entry(request, &outcome, saved_at)?
+        .insert(&txn)
+        .await?;
     failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
     // Crash point: before this commit nothing changed; after it, the user reflects the
     // change and the inbox holds the answer any redelivery of this key will get.

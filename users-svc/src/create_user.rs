@@ -13,6 +13,7 @@ use tonic::Code;
 use uuid::Uuid;
 
 use crate::{
+    answer_cache::AnswerCache,
     entity::{inbox::SavedOutcome, users},
     error::Error,
     inbox::{self, Answer, Mode},
@@ -23,6 +24,7 @@ use crate::{
 #[tracing::instrument(skip_all, fields(idempotency_key = %new.idempotency_key, student_id = %new.student_id), err(level = "debug"))]
 pub async fn create_user(
     db: &DatabaseConnection,
+    answers: &AnswerCache,
     new: NewUser,
     mode: Mode,
 ) -> Result<Answer, Error> {
@@ -31,12 +33,15 @@ pub async fn create_user(
         key: &new.idempotency_key,
         request_hash: &request_hash,
     };
-    if let Some(answer) = inbox::replay(db, request, mode).await? {
+    if let Some(answer) = inbox::replay(db, answers, request, mode).await? {
         tracing::info!("answered from the inbox");
         return Ok(answer);
     }
-    match insert_user_with_inbox(db, &new, request).await {
+    let saved_at = now();
+    match insert_user_with_inbox(db, &new, request, saved_at).await {
         Ok(user_id) => {
+            let outcome = SavedOutcome::Created { user_id };
+            answers.remember(request, &outcome, saved_at);
             tracing::info!(
                 %user_id,
                 email = %redact::email(&new.email),
@@ -44,27 +49,29 @@ pub async fn create_user(
                 "user created"
             );
             return Ok(Answer {
-                outcome: SavedOutcome::Created { user_id },
+                outcome,
                 replayed: false,
             });
         }
         Err(err) if is_unique_violation(&err) => {}
         Err(err) => return Err(err.into()),
     }
-    if let Some(answer) = inbox::after_unique_violation(db, request).await? {
+    if let Some(answer) = inbox::after_unique_violation(db, answers, request).await? {
         return Ok(answer);
     }
     // Otherwise the only other unique rule is the domain's: one enabled user per document
     // number. (The database error is not logged: it quotes the document number.)
     tracing::info!("rejected: document number already used by an enabled user");
-    inbox::save_rejection(db, request, document_number_taken()).await
+    inbox::save_rejection(db, answers, request, document_number_taken()).await
 }
 
-/// The one transaction that executes a CreateUser: the user and its inbox row.
+/// The one transaction that executes a CreateUser: the user and its inbox row, both
+/// created at `saved_at`.
 async fn insert_user_with_inbox(
     db: &DatabaseConnection,
     new: &NewUser,
     request: inbox::Request<'_>,
+    saved_at: chrono::DateTime<chrono::Utc>,
 ) -> Result<Uuid, sea_orm::DbErr> {
     let user_id = Uuid::now_v7();
     let txn = begin_write(db).await?;
@@ -76,13 +83,13 @@ async fn insert_user_with_inbox(
         document_number: Set(new.document_number.clone()),
         student_id: Set(new.student_id),
         enabled: Set(true),
-        created_at: Set(now()),
+        created_at: Set(saved_at),
         // A new user reflects its student as created: version 1.
         source_version: Set(1),
     }
     .insert(&txn)
     .await?;
-    inbox::entry(request, &SavedOutcome::Created { user_id })?
+    inbox::entry(request, &SavedOutcome::Created { user_id }, saved_at)?
         .insert(&txn)
         .await?;
     failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;

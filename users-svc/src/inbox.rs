@@ -10,6 +10,7 @@ use platform::db::{begin_write, is_unique_violation, now};
 use sea_orm::{ActiveModelTrait, DatabaseConnection, DbErr, EntityTrait, Set};
 
 use crate::{
+    answer_cache::AnswerCache,
     entity::inbox::{self, SavedOutcome},
     error::Error,
 };
@@ -54,12 +55,18 @@ pub struct Request<'a> {
 /// Answers from the inbox when the key is known: the saved answer if the request is the
 /// same, [`Error::KeyReused`] if it is not. `None` when the key was never executed (or was
 /// purged); in [`Mode::ReplayOnly`] that is [`Error::NotInInbox`], in [`Mode::Expired`]
-/// [`Error::DeliveryExpired`].
+/// [`Error::DeliveryExpired`]. A key `answers` remembers is answered from memory (see
+/// `answer_cache.rs` for why that answer is always the table's).
 pub async fn replay(
     db: &DatabaseConnection,
+    answers: &AnswerCache,
     request: Request<'_>,
     mode: Mode,
 ) -> Result<Option<Answer>, Error> {
+    if let Some(recalled) = answers.recall(request.key, now()) {
+        crate::metrics::answered_from_memory();
+        return saved_answer(request, &recalled.request_hash, recalled.outcome).map(Some);
+    }
     let Some(entry) = inbox::Entity::find_by_id(request.key.to_owned())
         .one(db)
         .await?
@@ -70,26 +77,46 @@ pub async fn replay(
             Mode::ReplayOnly => Err(Error::NotInInbox),
         };
     };
-    if entry.request_hash != request.request_hash {
-        return Err(Error::KeyReused);
-    }
     let outcome: SavedOutcome = serde_json::from_value(entry.result)
         .map_err(|err| DbErr::Custom(format!("unreadable inbox result: {err}")))?;
-    Ok(Some(Answer {
-        outcome,
-        replayed: true,
-    }))
+    let saved = Request {
+        key: request.key,
+        request_hash: &entry.request_hash,
+    };
+    answers.remember(saved, &outcome, entry.created_at);
+    saved_answer(request, &entry.request_hash, outcome).map(Some)
 }
 
-/// The inbox row that saves `outcome` as the answer to `request`.
-pub fn entry(request: Request<'_>, outcome: &SavedOutcome) -> Result<inbox::ActiveModel, DbErr> {
+/// The saved answer to a repeat of `request`, whose key's first request had
+/// `saved_hash`: the same answer for the same request, [`Error::KeyReused`] for another.
+fn saved_answer(
+    request: Request<'_>,
+    saved_hash: &str,
+    outcome: SavedOutcome,
+) -> Result<Answer, Error> {
+    if saved_hash != request.request_hash {
+        return Err(Error::KeyReused);
+    }
+    Ok(Answer {
+        outcome,
+        replayed: true,
+    })
+}
+
+/// The inbox row that saves `outcome` as the answer to `request`, at `saved_at` (taken
+/// with [`now`]; once the row is committed, the same time goes to [`AnswerCache::remember`]).
+pub fn entry(
+    request: Request<'_>,
+    outcome: &SavedOutcome,
+    saved_at: DateTime<Utc>,
+) -> Result<inbox::ActiveModel, DbErr> {
     let result = serde_json::to_value(outcome)
         .map_err(|err| DbErr::Custom(format!("cannot encode inbox result: {err}")))?;
     Ok(inbox::ActiveModel {
         idempotency_key: Set(request.key.to_owned()),
         request_hash: Set(request.request_hash.to_owned()),
         result: Set(result),
-        created_at: Set(now()),
+        created_at: Set(saved_at),
     })
 }
 
@@ -98,9 +125,10 @@ pub fn entry(request: Request<'_>, outcome: &SavedOutcome) -> Result<inbox::Acti
 /// a replay. `None` when the key is still unknown: the violation is the domain's.
 pub async fn after_unique_violation(
     db: &DatabaseConnection,
+    answers: &AnswerCache,
     request: Request<'_>,
 ) -> Result<Option<Answer>, Error> {
-    let answer = replay(db, request, Mode::Execute).await?;
+    let answer = replay(db, answers, request, Mode::Execute).await?;
     if answer.is_some() {
         tracing::info!("answered from the inbox (a concurrent delivery of this key executed it)");
     }
@@ -111,13 +139,16 @@ pub async fn after_unique_violation(
 /// of being judged again.
 pub async fn save_rejection(
     db: &DatabaseConnection,
+    answers: &AnswerCache,
     request: Request<'_>,
     rejection: SavedOutcome,
 ) -> Result<Answer, Error> {
+    let saved_at = now();
     let txn = begin_write(db).await?;
-    match entry(request, &rejection)?.insert(&txn).await {
+    match entry(request, &rejection, saved_at)?.insert(&txn).await {
         Ok(_) => {
             txn.commit().await?;
+            answers.remember(request, &rejection, saved_at);
             Ok(Answer {
                 outcome: rejection,
                 replayed: false,
@@ -126,7 +157,7 @@ pub async fn save_rejection(
         Err(err) if is_unique_violation(&err) => {
             drop(txn);
             // Another request with this key saved its answer first: give that one.
-            replay(db, request, Mode::Execute)
+            replay(db, answers, request, Mode::Execute)
                 .await?
                 .ok_or(Error::Db(err))
         }

@@ -3,6 +3,7 @@
 //! request returns the answer of the first execution instead of executing again. Nobody
 //! else reads or writes this database.
 
+pub mod answer_cache;
 mod api;
 pub mod auth;
 pub mod change_user;
@@ -80,6 +81,11 @@ pub struct Config {
     /// How often the server deletes inbox entries past --inbox-retention.
     #[arg(long, env = "USERS_INBOX_PURGE_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
     pub inbox_purge_interval: std::time::Duration,
+    /// How many recent inbox answers the server keeps in memory, so a repeated key is
+    /// answered without reading the database (0 turns this off). Never outlives
+    /// --inbox-retention; about 200 bytes per key.
+    #[arg(long, env = "USERS_INBOX_CACHE_ENTRIES", default_value_t = DEFAULT_INBOX_CACHE_ENTRIES)]
+    pub inbox_cache_entries: usize,
     /// Serve (no subcommand), or inspect the Users DB and exit.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -135,29 +141,37 @@ pub async fn open_database(url: &str, max_connections: u32) -> anyhow::Result<Da
     migrations::open::<migrations::users::Migrator>(url, max_connections).await
 }
 
-/// How long the inbox keeps keys, and how often it is purged.
+/// Recent inbox answers a server keeps in memory unless told otherwise.
+pub const DEFAULT_INBOX_CACHE_ENTRIES: usize = 10_000;
+
+/// How long the inbox keeps keys, how often it is purged, and how many recent answers the
+/// server keeps in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InboxRetention {
+pub struct InboxSettings {
     pub retention: std::time::Duration,
     pub purge_interval: std::time::Duration,
+    /// See [`answer_cache`]; 0 turns the cache off.
+    pub cache_entries: usize,
 }
 
-impl Default for InboxRetention {
+impl Default for InboxSettings {
     /// The flags' defaults: keys kept 30 days, purged hourly.
     fn default() -> Self {
         Self {
             retention: std::time::Duration::from_secs(30 * 24 * 3600),
             purge_interval: std::time::Duration::from_secs(3600),
+            cache_entries: DEFAULT_INBOX_CACHE_ENTRIES,
         }
     }
 }
 
 impl Config {
     /// The inbox retention these flags ask for.
-    pub fn inbox(&self) -> InboxRetention {
-        InboxRetention {
+    pub fn inbox(&self) -> InboxSettings {
+        InboxSettings {
             retention: self.inbox_retention,
             purge_interval: self.inbox_purge_interval,
+            cache_entries: self.inbox_cache_entries,
         }
     }
 }
@@ -169,7 +183,7 @@ pub async fn run(
     db: DatabaseConnection,
     options: ServerOptions,
     auth_tokens: Option<AcceptedTokens>,
-    inbox: InboxRetention,
+    inbox: InboxSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     retention::warn_if_shorter_than_retries(inbox.retention);
@@ -183,7 +197,8 @@ pub async fn run(
             async move { retention::purge_expired(&db, inbox.retention).await }
         },
     ));
-    let service = UsersServiceServer::new(UsersApi::new(db.clone(), inbox.retention))
+    let answers = answer_cache::AnswerCache::new(inbox.cache_entries, inbox.retention);
+    let service = UsersServiceServer::new(UsersApi::new(db.clone(), inbox.retention, answers))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let service = InterceptedService::new(service, RequireToken(auth_tokens));
     let definition = ServiceDefinition {

@@ -5,6 +5,7 @@ use crate::{entity::inbox::SavedOutcome, error::Error, inbox::Answer};
 
 pub const INBOX_REQUESTS: &str = "inbox_requests_total";
 pub const REJECTED: &str = "users_rejected_total";
+pub const ANSWERED_FROM_MEMORY: &str = "inbox_answers_from_memory_total";
 
 /// Gives each metric its help text; call once after the recorder is installed.
 pub fn describe() {
@@ -18,6 +19,11 @@ pub fn describe() {
         REJECTED,
         "Requests refused, by reason: INVALID_ARGUMENT, UNAUTHENTICATED, IDEMPOTENCY_KEY_REUSED, \
          DELIVERY_EXPIRED, or the reason of a rejection saved in the inbox (counted when executed)"
+    );
+    metrics::describe_counter!(
+        ANSWERED_FROM_MEMORY,
+        "Repeated keys answered from the server's memory of recent inbox answers, without \
+         reading the inbox table (--inbox-cache-entries)"
     );
 }
 
@@ -44,6 +50,11 @@ pub fn inbox_request(rpc: &'static str, answer: &Result<Answer, Error>) {
         Err(_) => return,
     };
     metrics::counter!(INBOX_REQUESTS, "rpc" => rpc, "result" => result).increment(1);
+}
+
+/// Counts a repeated key answered from memory (`answer_cache.rs`).
+pub fn answered_from_memory() {
+    metrics::counter!(ANSWERED_FROM_MEMORY).increment(1);
 }
 
 /// Counts a refused request.

@@ -46,7 +46,7 @@ pub struct AppOptions {
     /// How student-svc wakes the relays (`--wake-relays`).
     pub wake_relays: student_store::wake::WakeRelays,
     /// How long Users' inbox keeps keys (`--inbox-retention`).
-    pub inbox: users_svc::InboxRetention,
+    pub inbox: users_svc::InboxSettings,
 }
 
 /// Starts both services on fresh databases; `None` when the backend is not configured.
@@ -138,6 +138,22 @@ impl TestApp {
     pub fn relay_with(&self, users_url: &str, config: RunConfig) -> Relay {
         let users = UsersClient::new(users_url, config.call_timeout).expect("users client");
         Relay::new(self.student_db.clone(), users, config)
+    }
+
+    /// A second users-svc over this app's Users DB (no TLS, no token): another replica,
+    /// with its own memory of inbox answers, empty at first.
+    pub async fn users_replica(&self) -> UsersTestClient {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(users_svc::run(
+            listener,
+            self.users_db.clone(),
+            ServerOptions::default(),
+            None,
+            users_svc::InboxSettings::default(),
+            self.shutdown.clone(),
+        ));
+        UsersServiceClient::with_interceptor(channel(addr, None), bearer(None))
     }
 
     /// The Users service's URL.
