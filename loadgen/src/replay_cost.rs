@@ -25,11 +25,15 @@ pub struct ReplayCost {
     pub ratio: f64,
 }
 
-pub async fn measure(backend: &Backend, calls: usize) -> anyhow::Result<ReplayCost> {
+pub async fn measure(
+    backend: &Backend,
+    env: &[(String, String)],
+    calls: usize,
+) -> anyhow::Result<ReplayCost> {
     let options = Options {
         relays: 0,
         link_mode: "outbox".into(),
-        env: Vec::new(),
+        env: env.to_vec(),
     };
     let system = System::start(backend, &options).await?;
     let result = async {

@@ -173,7 +173,7 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
             json!({ "claim_cost": cost })
         }
         Mode::ReplayCost { calls } => {
-            let cost = crate::replay_cost::measure(&backend, *calls).await?;
+            let cost = crate::replay_cost::measure(&backend, &env, *calls).await?;
             println!(
                 "CreateUser fresh {}; replayed from the inbox {}; replay ÷ fresh (p50) = {:.2}; \
                  a call with no database behind it (health check) {}",
