@@ -36,6 +36,10 @@ pub fn build_binaries(release: bool, features: &[&str]) -> anyhow::Result<PathBu
     let mut command = Command::new(cargo);
     command
         .current_dir(workspace)
+        // `cargo run` and `cargo test` give their process the CARGO_MANIFEST_DIR of the crate
+        // they run; passed on, it changes the fingerprint of `ring`'s build script, so every
+        // crate above it was rebuilt each time (minutes per `loadgen` run).
+        .env_remove("CARGO_MANIFEST_DIR")
         .args(["build", "--quiet", "--bins"]);
     for binary in BINARIES {
         command.args(["-p", binary]);
