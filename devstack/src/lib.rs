@@ -36,11 +36,16 @@ pub fn build_binaries(release: bool, features: &[&str]) -> anyhow::Result<PathBu
     let mut command = Command::new(cargo);
     command
         .current_dir(workspace)
-        // `cargo run` and `cargo test` give their process the CARGO_MANIFEST_DIR of the crate
-        // they run; passed on, it changes the fingerprint of `ring`'s build script, so every
-        // crate above it was rebuilt each time (minutes per `loadgen` run).
-        .env_remove("CARGO_MANIFEST_DIR")
         .args(["build", "--quiet", "--bins"]);
+    // `cargo run` and `cargo test` give their process the CARGO_PKG_NAME, CARGO_MANIFEST_DIR,
+    // … of the crate they run; passed on, they change the fingerprint of `ring`'s build
+    // script (it watches them), so every crate above it was rebuilt by each `loadgen` run
+    // and again by the next outer build (minutes each).
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_a_crate) {
+            command.env_remove(name);
+        }
+    }
     for binary in BINARIES {
         command.args(["-p", binary]);
     }
@@ -58,6 +63,22 @@ pub fn build_binaries(release: bool, features: &[&str]) -> anyhow::Result<PathBu
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
     Ok(target.join(if release { "release" } else { "debug" }))
+}
+
+/// Whether `name` is one of the variables cargo sets for the crate it builds or runs
+/// (<https://doc.rust-lang.org/cargo/reference/environment-variables.html>), as opposed to
+/// the ones that configure cargo itself (`CARGO_TARGET_DIR`, `CARGO_HOME`, …).
+fn set_by_cargo_for_a_crate(name: &str) -> bool {
+    ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        || [
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+        ]
+        .contains(&name)
 }
 
 /// A running binary whose stderr (its log) is copied to a file and watched for the line
