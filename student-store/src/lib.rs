@@ -10,6 +10,7 @@
 pub mod audit;
 pub mod effect;
 pub mod entity;
+mod finish_many;
 pub mod outbox;
 pub mod students;
 pub mod sync;

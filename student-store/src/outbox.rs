@@ -12,7 +12,11 @@
 //! idempotency key), and reports whether it did. A relay whose lease ran out, or whose row
 //! was failed or re-keyed meanwhile, changes nothing.
 
-use std::{collections::HashMap, sync::LazyLock, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::LazyLock,
+    time::Duration,
+};
 
 use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now, shared_now};
@@ -30,6 +34,7 @@ use crate::{
         outbox::{self, FailureKind, OutboxStatus},
         students,
     },
+    finish_many,
 };
 
 /// Why an attempt did not succeed: a stable reason and a readable message, stored apart
@@ -177,10 +182,13 @@ pub async fn record_delivery(
 }
 
 /// Records several deliveries as [`record_delivery`] does, in ONE transaction: one commit
-/// (one disk sync) for all of them instead of one each. Each row has a savepoint of its
-/// own, so one that cannot be recorded (its claim lost, a link conflict) changes nothing
-/// while the others commit. Returns each row's result, in order; an error of the
-/// transaction itself records none.
+/// (one disk sync) for all of them instead of one each. A row that cannot be recorded (its
+/// claim lost, a link conflict) changes nothing while the others commit. Returns each
+/// row's result, in order; an error of the transaction itself records none.
+///
+/// Two set-based statements record the whole batch ([`crate::finish_many`]); only when a
+/// student refuses its user do they roll back, and the batch is recorded row by row, each
+/// in a savepoint of its own.
 pub async fn record_deliveries(
     db: &DatabaseConnection,
     relay_id: &str,
@@ -193,6 +201,21 @@ pub async fn record_deliveries(
             Err(RecordError::Db(err)) => Err(err),
             result => Ok(vec![result]),
         };
+    }
+    // The whole batch in two statements, when no two rows share a student (see
+    // `finish_many`).
+    let students: HashSet<Uuid> = deliveries.iter().map(|(row, _)| row.aggregate_id).collect();
+    if students.len() == deliveries.len() {
+        let txn = begin_write(db).await?;
+        match finish_many::finish_all(&txn, relay_id, deliveries).await? {
+            Some(results) => {
+                // Crash point: as below.
+                txn.commit().await?;
+                return Ok(results);
+            }
+            // A student refused its user: undone, and recorded row by row to find which.
+            None => txn.rollback().await?,
+        }
     }
     let txn = begin_write(db).await?;
     let mut results = Vec::with_capacity(deliveries.len());

@@ -3,7 +3,7 @@
 use std::{collections::HashSet, time::Duration};
 
 use relay::{BatchOutcome, RunConfig, retry_failed, wakeup::Wakeup};
-use sea_orm::EntityTrait;
+use sea_orm::{ColumnTrait as _, EntityTrait, QueryFilter as _};
 use student_store::entity::{
     outbox::{self, FailureKind, OutboxStatus},
     students,
@@ -29,6 +29,7 @@ on_both_backends!(
     concurrent_claims_never_hand_out_one_row_twice,
     an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothing,
     a_late_finalize_changes_nothing_once_its_claim_is_gone,
+    a_group_commit_records_each_row_as_it_would_alone,
     shutdown_releases_claimed_rows_that_were_not_sent,
     a_claim_takes_no_more_rows_than_free_call_slots,
     a_failing_row_does_not_block_the_rows_behind_it,
@@ -494,6 +495,111 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
         (OutboxStatus::Done, Some(user.to_string()), None)
     );
     assert!(!unlinked(&by_b).await);
+}
+
+/// The relay records answered rows many to a transaction (`record_deliveries`): each row
+/// must come out as `record_delivery` alone would leave it, whichever rows beside it are
+/// late, refused or repeats.
+async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..7).await;
+    let db = &app.student_db;
+    let claimed = store::claim_batch(db, "relay-a", 7, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 7);
+    let users: Vec<_> = (0..7).map(|_| uuid::Uuid::now_v7()).collect();
+    let created = |n: usize| (claimed[n].clone(), store::Delivered::UserCreated(users[n]));
+    let link = |n: usize, user: uuid::Uuid| {
+        let student = claimed[n].aggregate_id;
+        async move {
+            students::Entity::update_many()
+                .col_expr(
+                    students::Column::UserId,
+                    sea_orm::sea_query::Expr::value(user),
+                )
+                .filter(students::Column::Id.eq(student))
+                .exec(db)
+                .await
+                .expect("linked by hand");
+        }
+    };
+    // Row 1 was recorded already (this answer is a late repeat); row 2's student is
+    // linked to another user; row 5's student already has its own user (a repeat).
+    store::record_delivery(db, &claimed[1], "relay-a", created(1).1)
+        .await
+        .expect("recorded alone");
+    let other = uuid::Uuid::now_v7();
+    link(2, other).await;
+    link(5, users[5]).await;
+
+    // A batch with a refused row, then one without.
+    let first = store::record_deliveries(
+        db,
+        "relay-a",
+        &[created(0), created(1), created(2), created(3)],
+    )
+    .await
+    .expect("first batch");
+    let second = store::record_deliveries(
+        db,
+        "relay-a",
+        &[created(4), created(1), created(5), created(6)],
+    )
+    .await
+    .expect("second batch");
+    let outcome = |results: Vec<Result<(), store::RecordError>>| -> Vec<String> {
+        results
+            .into_iter()
+            .map(|result| match result {
+                Ok(()) => "recorded".to_owned(),
+                Err(store::RecordError::ClaimLost(id)) => format!("claim lost {id}"),
+                Err(store::RecordError::LinkConflict { linked, .. }) if linked == other => {
+                    "linked to the other user".to_owned()
+                }
+                Err(err) => format!("{err}"),
+            })
+            .collect()
+    };
+    let lost = format!("claim lost {}", claimed[1].id);
+    assert_eq!(
+        outcome(first),
+        ["recorded", &lost, "linked to the other user", "recorded"]
+    );
+    assert_eq!(outcome(second), ["recorded", &lost, "recorded", "recorded"]);
+
+    // What is stored: every row but the refused one done with its user, lease cleared; each
+    // student linked to its own user (row 2's to the other) with synced_version 1 where
+    // done.
+    let rows = rows(&app).await;
+    for (n, row) in rows.iter().enumerate() {
+        let student = students::Entity::find_by_id(row.aggregate_id)
+            .one(db)
+            .await
+            .expect("student")
+            .expect("exists");
+        if n == 2 {
+            assert_eq!(
+                (row.status, row.locked_by.as_deref(), row.result.as_ref()),
+                (OutboxStatus::Processing, Some("relay-a"), None),
+                "the refused row is still held"
+            );
+            assert_eq!((student.user_id, student.synced_version), (Some(other), 0));
+        } else {
+            assert_eq!(
+                (row.status, row.locked_by.as_deref(), row.result.clone()),
+                (OutboxStatus::Done, None, Some(users[n].to_string())),
+                "row {n}"
+            );
+            assert_eq!(
+                (student.user_id, student.synced_version),
+                (Some(users[n]), 1),
+                "student of row {n}"
+            );
+        }
+    }
 }
 
 async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {

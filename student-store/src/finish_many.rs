@@ -1,0 +1,176 @@
+//! Finishing many deliveries with two statements instead of two per row: the relay's group
+//! commit ([`crate::outbox::record_deliveries`]) tries this first.
+//!
+//! The answers go in as a `VALUES` list, and each statement joins it (`UPDATE … FROM`,
+//! PostgreSQL and SQLite alike):
+//! 1. the rows still held by their claims become `done`, fenced exactly as a single
+//!    delivery is (status, relay, attempt, key); rows whose claim is gone are left alone;
+//! 2. the students of the rows that became `done` are linked and their `synced_version`
+//!    raised, each only if the user Users answered with may be theirs.
+//!
+//! If any student refuses its user (a link conflict, a missing student), the two
+//! statements cannot tell which row must stay undone: the caller rolls the transaction
+//! back and records the batch row by row, each with its own savepoint, which can.
+
+use platform::db::now;
+use sea_orm::{ActiveEnum as _, ConnectionTrait, DbBackend, DbErr, Statement, Value};
+
+use crate::{
+    entity::outbox::{self, OutboxStatus},
+    outbox::{Delivered, RecordError},
+};
+
+/// What the two statements did, when they could decide every row.
+pub(crate) type Finished = Vec<Result<(), RecordError>>;
+
+/// Runs the two statements inside the caller's transaction `txn`. Returns each row's
+/// result in order, or `None` when a student refused its user: the caller must then roll
+/// `txn` back (the statements have written) and record the rows one by one.
+///
+/// Rows of one student must not share a batch (one join row per student per statement);
+/// the caller checks. The claim never hands out two rows of a student at once, so this only
+/// rules out a late finish meeting a newer claim.
+pub(crate) async fn finish_all(
+    txn: &impl ConnectionTrait,
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> Result<Option<Finished>, DbErr> {
+    let backend = txn.get_database_backend();
+    let done = mark_held_rows_done(txn, backend, relay_id, deliveries).await?;
+    let held: Vec<_> = deliveries
+        .iter()
+        .filter(|(row, _)| done.contains(&row.id))
+        .collect();
+    if !held.is_empty() && link_students(txn, backend, &held).await? != held.len() {
+        return Ok(None);
+    }
+    Ok(Some(
+        deliveries
+            .iter()
+            .map(|(row, _)| {
+                if done.contains(&row.id) {
+                    Ok(())
+                } else {
+                    Err(RecordError::ClaimLost(row.id))
+                }
+            })
+            .collect(),
+    ))
+}
+
+/// Statement 1: every row still held by its claim becomes `done` with its user, lease
+/// cleared. Returns the ids it changed.
+async fn mark_held_rows_done(
+    txn: &impl ConnectionTrait,
+    backend: DbBackend,
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> Result<Vec<i64>, DbErr> {
+    let mut sql = Sql::new(backend);
+    let answered = sql.values_list(deliveries.iter().map(|(row, delivered)| {
+        [
+            row.id.into(),
+            row.attempts.into(),
+            row.idempotency_key.as_str().into(),
+            delivered.user_id().to_string().into(),
+        ]
+    }));
+    let text = format!(
+        r#"WITH answered (row_id, attempt, key, user_id) AS (VALUES {answered})
+           UPDATE outbox
+              SET status = {done}, result = answered.user_id, processed_at = {at},
+                  last_error = NULL, error_code = NULL, locked_by = NULL, locked_until = NULL
+             FROM answered
+            WHERE outbox.id = answered.row_id
+              AND outbox.status = {processing}
+              AND outbox.locked_by = {relay}
+              AND outbox.attempts = answered.attempt
+              AND outbox.idempotency_key = answered.key
+        RETURNING id"#,
+        done = sql.bind(OutboxStatus::Done.to_value()),
+        at = sql.bind(now()),
+        processing = sql.bind(OutboxStatus::Processing.to_value()),
+        relay = sql.bind(relay_id),
+    );
+    let rows = txn.query_all_raw(sql.statement(text)).await?;
+    rows.iter()
+        .map(|row| row.try_get::<i64>("", "id"))
+        .collect()
+}
+
+/// Statement 2: each student of `held` raises its `synced_version` to its row's (never
+/// lowering it); a created user is linked where none is yet. Only where the answered user
+/// may be the student's: for a created user, none linked yet or that same one; for a
+/// changed user, the one linked. Returns how many students it changed.
+async fn link_students(
+    txn: &impl ConnectionTrait,
+    backend: DbBackend,
+    held: &[&(outbox::Model, Delivered)],
+) -> Result<usize, DbErr> {
+    let mut sql = Sql::new(backend);
+    let answered = sql.values_list(held.iter().map(|(row, delivered)| {
+        [
+            row.aggregate_id.into(),
+            row.aggregate_version.into(),
+            delivered.user_id().into(),
+            matches!(delivered, Delivered::UserCreated(_)).into(),
+        ]
+    }));
+    let text = format!(
+        r#"WITH answered (student_id, version, user_id, created) AS (VALUES {answered})
+           UPDATE students
+              SET synced_version = CASE WHEN students.synced_version < answered.version
+                                        THEN answered.version
+                                        ELSE students.synced_version END,
+                  user_id = CASE WHEN answered.created THEN answered.user_id
+                                 ELSE students.user_id END,
+                  updated_at = CASE WHEN answered.created THEN {at}
+                                    ELSE students.updated_at END
+             FROM answered
+            WHERE students.id = answered.student_id
+              AND (students.user_id = answered.user_id
+                   OR (answered.created AND students.user_id IS NULL))
+        RETURNING id"#,
+        at = sql.bind(now()),
+    );
+    Ok(txn.query_all_raw(sql.statement(text)).await?.len())
+}
+
+/// SQL text with its bound values, placeholders spelled for the backend (`$1` or `?`) in
+/// the order they are bound.
+struct Sql {
+    backend: DbBackend,
+    values: Vec<Value>,
+}
+
+impl Sql {
+    fn new(backend: DbBackend) -> Self {
+        Self {
+            backend,
+            values: Vec::new(),
+        }
+    }
+
+    /// Binds `value`; returns its placeholder.
+    fn bind(&mut self, value: impl Into<Value>) -> String {
+        self.values.push(value.into());
+        match self.backend {
+            DbBackend::Postgres => format!("${}", self.values.len()),
+            _ => "?".to_owned(),
+        }
+    }
+
+    /// Binds each tuple of `rows`; returns `(…), (…), …` for a `VALUES` list.
+    fn values_list<const N: usize>(&mut self, rows: impl Iterator<Item = [Value; N]>) -> String {
+        rows.map(|row| {
+            let placeholders: Vec<_> = row.into_iter().map(|value| self.bind(value)).collect();
+            format!("({})", placeholders.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+
+    fn statement(self, text: String) -> Statement {
+        Statement::from_sql_and_values(self.backend, text, self.values)
+    }
+}
