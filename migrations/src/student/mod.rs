@@ -13,6 +13,7 @@ mod m20261201_000008_outbox_claimable_index;
 mod m20261201_000009_outbox_retention_indexes;
 mod m20261201_000010_outbox_key_created_at;
 mod m20261201_000011_outbox_traceparent;
+mod m20261201_000012_drop_outbox_claim_idx;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -32,6 +33,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000009_outbox_retention_indexes::Migration),
             Box::new(m20261201_000010_outbox_key_created_at::Migration),
             Box::new(m20261201_000011_outbox_traceparent::Migration),
+            Box::new(m20261201_000012_drop_outbox_claim_idx::Migration),
         ]
     }
 }
