@@ -24,8 +24,9 @@ pub struct RunConfig {
     /// claimed row is sent at once. Each row spends most of its time waiting (on Users, on
     /// a commit), so more in flight means more throughput until a database is saturated
     /// (BENCHMARKS.md); keep the sum over all relays within users-svc's
-    /// --max-concurrent-requests (256), or the excess is shed and retried.
-    #[arg(long, env = "RELAY_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    /// --max-concurrent-requests (512: four relays at the default), or the excess is shed
+    /// and retried.
+    #[arg(long, env = "RELAY_CONCURRENCY", default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
     /// How long a claimed row stays reserved for this relay; after that another relay may
     /// claim it. At least --call-timeout plus half of it (and plus 250ms at least).
@@ -94,7 +95,7 @@ impl Default for RunConfig {
         Self {
             poll_interval: Duration::from_millis(250),
             batch_size: 64,
-            concurrency: 64,
+            concurrency: 128,
             lease: Duration::from_secs(15),
             call_timeout: Duration::from_secs(5),
             max_attempts: 100,

@@ -54,8 +54,9 @@ pub struct Config {
     /// `max_connections`; see the README for sizing).
     #[arg(long, env = "USERS_DB_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub db_max_connections: u32,
-    /// Requests in flight at once; more are answered RESOURCE_EXHAUSTED at once.
-    #[arg(long, env = "USERS_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
+    /// Requests in flight at once; more are answered RESOURCE_EXHAUSTED at once. Sized for
+    /// four relays at their default --concurrency (128 each).
+    #[arg(long, env = "USERS_MAX_CONCURRENT_REQUESTS", default_value_t = 512)]
     pub max_concurrent_requests: usize,
     /// PEM certificate chain: serve TLS (with --tls-key).
     #[arg(long, env = "USERS_TLS_CERT")]
