@@ -137,7 +137,8 @@ async fn link_students(
 }
 
 /// SQL text with its bound values, placeholders spelled for the backend (`$1` or `?`) in
-/// the order they are bound.
+/// the order they are bound. SQLite's `?` are numbered by where they stand in the text, so
+/// each statement binds its values in the order their placeholders appear.
 struct Sql {
     backend: DbBackend,
     values: Vec<Value>,

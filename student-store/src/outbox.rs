@@ -209,7 +209,9 @@ pub async fn record_deliveries(
         let txn = begin_write(db).await?;
         match finish_many::finish_all(&txn, relay_id, deliveries).await? {
             Some(results) => {
-                // Crash point: as below.
+                // Crash point: before this commit every row is still leased and will be
+                // delivered again, Users answering from its inbox; after it, every row
+                // recorded is done and its student linked.
                 txn.commit().await?;
                 return Ok(results);
             }
