@@ -77,8 +77,9 @@ async fn record_batches(
             .map(|pending| ((pending.row, pending.delivered), pending.reply))
             .unzip();
         match outbox::record_deliveries(&db, &relay_id, &deliveries).await {
-            Ok(results) => {
-                for (reply, result) in replies.into_iter().zip(results) {
+            Ok(recorded) => {
+                crate::metrics::finalize_batch(recorded.path);
+                for (reply, result) in replies.into_iter().zip(recorded.results) {
                     let _ = reply.send(result);
                 }
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::DatabaseConnection;
-use student_store::outbox::{self, DoneCount, OutboxReport};
+use student_store::outbox::{self, BatchPath, DoneCount, OutboxReport};
 use tokio_util::sync::CancellationToken;
 
 pub const DELIVERIES: &str = "relay_deliveries_total";
@@ -16,6 +16,7 @@ pub const LINK_LATENCY_SECONDS: &str = "outbox_link_latency_seconds";
 pub const OUTBOX_ROWS: &str = "outbox_rows";
 pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 pub const IN_FLIGHT_LIMIT: &str = "relay_in_flight_limit";
+pub const FINALIZE_BATCHES: &str = "relay_finalize_batches_total";
 
 /// How often the gauges are read from the database. Each read touches only the rows still
 /// to deliver and the failed ones (see `outbox::report`), never the delivered history.
@@ -51,8 +52,17 @@ impl Outcome {
     }
 }
 
+/// Counts one committed batch of finalizes by how it was recorded.
+pub fn finalize_batch(path: BatchPath) {
+    metrics::counter!(FINALIZE_BATCHES, "path" => path.label()).increment(1);
+}
+
 /// Gives each metric its help text; call once after the recorder is installed.
 pub fn describe() {
+    metrics::describe_counter!(
+        FINALIZE_BATCHES,
+        "Batches of answered rows recorded, by path: alone (one row), set (two statements), row_by_row (a student refused its user)"
+    );
     metrics::describe_counter!(
         DELIVERIES,
         "Outbox rows this relay handled, by effect and outcome"

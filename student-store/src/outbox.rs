@@ -181,6 +181,36 @@ pub async fn record_delivery(
     finish_delivery(db, row, finish, delivered).await
 }
 
+/// What [`record_deliveries`] did: each row's result, in order, and how it got there.
+#[derive(Debug)]
+pub struct Recorded {
+    pub results: Vec<Result<(), RecordError>>,
+    pub path: BatchPath,
+}
+
+/// How [`record_deliveries`] recorded a batch (the relay counts them: a batch should
+/// rarely go row by row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchPath {
+    /// One row, in a transaction of its own.
+    Alone,
+    /// Two set-based statements for the whole batch.
+    Set,
+    /// Row by row, a savepoint each: a student refused its user, or two rows shared a
+    /// student.
+    RowByRow,
+}
+
+impl BatchPath {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Alone => "alone",
+            Self::Set => "set",
+            Self::RowByRow => "row_by_row",
+        }
+    }
+}
+
 /// Records several deliveries as [`record_delivery`] does, in ONE transaction: one commit
 /// (one disk sync) for all of them instead of one each. A row that cannot be recorded (its
 /// claim lost, a link conflict) changes nothing while the others commit. Returns each
@@ -193,13 +223,16 @@ pub async fn record_deliveries(
     db: &DatabaseConnection,
     relay_id: &str,
     deliveries: &[(outbox::Model, Delivered)],
-) -> Result<Vec<Result<(), RecordError>>, DbErr> {
+) -> Result<Recorded, DbErr> {
     // A lone row needs no savepoint: its transaction is its own (two round trips fewer,
     // which is what a lightly loaded relay records).
     if let [(row, delivered)] = deliveries {
         return match record_delivery(db, row, relay_id, *delivered).await {
             Err(RecordError::Db(err)) => Err(err),
-            result => Ok(vec![result]),
+            result => Ok(Recorded {
+                results: vec![result],
+                path: BatchPath::Alone,
+            }),
         };
     }
     // The whole batch in two statements, when no two rows share a student (see
@@ -213,7 +246,10 @@ pub async fn record_deliveries(
                 // delivered again, Users answering from its inbox; after it, every row
                 // recorded is done and its student linked.
                 txn.commit().await?;
-                return Ok(results);
+                return Ok(Recorded {
+                    results,
+                    path: BatchPath::Set,
+                });
             }
             // A student refused its user: undone, and recorded row by row to find which.
             None => txn.rollback().await?,
@@ -239,7 +275,10 @@ pub async fn record_deliveries(
     // Crash point: before this commit every row is still leased and will be delivered
     // again, Users answering from its inbox; after it, every recorded row is done.
     txn.commit().await?;
-    Ok(results)
+    Ok(Recorded {
+        results,
+        path: BatchPath::RowByRow,
+    })
 }
 
 /// Records a `failed` row's delivery and marks it `done`, for `retry-failed`: Users' inbox

@@ -156,6 +156,10 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         f64::from(relay::RunConfig::default().concurrency),
         "{relay}"
     );
+    // The three answers were recorded in finalize batches, none of them row by row.
+    let batches = |path| sample(&relay, "relay_finalize_batches_total", &[("path", path)]);
+    assert!(batches("alone") + batches("set") >= 1.0, "{relay}");
+    assert_eq!(batches("row_by_row"), 0.0, "{relay}");
 
     // A replay is answered from the inbox, and counted so: here from the server's memory of
     // the answers it saved itself, with no read of the table.

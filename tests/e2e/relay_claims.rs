@@ -550,8 +550,14 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
     )
     .await
     .expect("second batch");
-    let outcome = |results: Vec<Result<(), store::RecordError>>| -> Vec<String> {
-        results
+    // The refused link sends the first batch row by row; the second takes two statements.
+    assert_eq!(
+        (first.path, second.path),
+        (store::BatchPath::RowByRow, store::BatchPath::Set)
+    );
+    let outcome = |recorded: store::Recorded| -> Vec<String> {
+        recorded
+            .results
             .into_iter()
             .map(|result| match result {
                 Ok(()) => "recorded".to_owned(),
