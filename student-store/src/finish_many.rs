@@ -12,6 +12,8 @@
 //! statements cannot tell which row must stay undone: the caller rolls the transaction
 //! back and records the batch row by row, each with its own savepoint, which can.
 
+use std::collections::HashSet;
+
 use platform::db::now;
 use sea_orm::{ActiveEnum as _, ConnectionTrait, DbBackend, DbErr, Statement, Value};
 
@@ -36,7 +38,10 @@ pub(crate) async fn finish_all(
     deliveries: &[(outbox::Model, Delivered)],
 ) -> Result<Option<Finished>, DbErr> {
     let backend = txn.get_database_backend();
-    let done = mark_held_rows_done(txn, backend, relay_id, deliveries).await?;
+    let done: HashSet<i64> = mark_held_rows_done(txn, backend, relay_id, deliveries)
+        .await?
+        .into_iter()
+        .collect();
     let held: Vec<_> = deliveries
         .iter()
         .filter(|(row, _)| done.contains(&row.id))

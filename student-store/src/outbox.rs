@@ -216,9 +216,9 @@ impl BatchPath {
 /// claim lost, a link conflict) changes nothing while the others commit. Returns each
 /// row's result, in order; an error of the transaction itself records none.
 ///
-/// Two set-based statements record the whole batch ([`crate::finish_many`]); only when a
-/// student refuses its user do they roll back, and the batch is recorded row by row, each
-/// in a savepoint of its own.
+/// Two set-based statements record the whole batch ([`crate::finish_many`]). When a
+/// student refuses its user they roll back, and the batch is recorded row by row, each in a
+/// savepoint of its own (as is a batch in which two rows share a student).
 pub async fn record_deliveries(
     db: &DatabaseConnection,
     relay_id: &str,
@@ -788,6 +788,11 @@ pub enum DoneCount {
     Estimated,
 }
 
+/// The rows still to deliver: `outbox_claimable`'s predicate. A filter that spells it out
+/// lets both planners use that index (SQLite's does not see that `status = 'pending'`
+/// alone implies it).
+const UNDELIVERED: [OutboxStatus; 2] = [OutboxStatus::Pending, OutboxStatus::Processing];
+
 /// Reads the [`OutboxReport`]. Every part but an exact `done` count reads only the rows
 /// still to deliver or failed, through the partial indexes `outbox_claimable` and
 /// `outbox_failed`, so its cost does not grow with the delivered history.
@@ -797,7 +802,7 @@ pub async fn report(db: &DatabaseConnection, done: DoneCount) -> Result<OutboxRe
         .select_only()
         .column(outbox::Column::Status)
         .column_as(outbox::Column::Id.count(), "rows")
-        .filter(outbox::Column::Status.is_in([OutboxStatus::Pending, OutboxStatus::Processing]))
+        .filter(outbox::Column::Status.is_in(UNDELIVERED))
         .group_by(outbox::Column::Status)
         .into_tuple()
         .all(db)
@@ -820,7 +825,7 @@ pub async fn report(db: &DatabaseConnection, done: DoneCount) -> Result<OutboxRe
     // Ids grow with creation, so the oldest undelivered row is the first in
     // `outbox_claimable`: one index probe, not a sort of the backlog.
     let oldest: Option<outbox::Model> = outbox::Entity::find()
-        .filter(outbox::Column::Status.is_in([OutboxStatus::Pending, OutboxStatus::Processing]))
+        .filter(outbox::Column::Status.is_in(UNDELIVERED))
         .order_by_asc(outbox::Column::Id)
         .one(db)
         .await?;
@@ -840,8 +845,8 @@ pub async fn report(db: &DatabaseConnection, done: DoneCount) -> Result<OutboxRe
     report.pending -= blocked;
     report.retrying = i64::try_from(
         outbox::Entity::find()
-            // `outbox_claimable`'s predicate, for SQLite's planner (see `BLOCKED`).
-            .filter(outbox::Column::Status.is_in([OutboxStatus::Pending, OutboxStatus::Processing]))
+            // `UNDELIVERED` first, for SQLite's planner.
+            .filter(outbox::Column::Status.is_in(UNDELIVERED))
             .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
             .filter(outbox::Column::Attempts.gt(0))
             .count(db)
