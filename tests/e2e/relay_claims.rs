@@ -534,6 +534,20 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
     let other = uuid::Uuid::now_v7();
     link(2, other).await;
     link(5, users[5]).await;
+    // Every row still held carries the error of an earlier attempt, which `done` clears.
+    outbox::Entity::update_many()
+        .col_expr(
+            outbox::Column::LastError,
+            sea_orm::sea_query::Expr::value("an earlier attempt failed"),
+        )
+        .col_expr(
+            outbox::Column::ErrorCode,
+            sea_orm::sea_query::Expr::value("UNAVAILABLE"),
+        )
+        .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
+        .exec(db)
+        .await
+        .expect("earlier errors");
 
     // A batch with a refused row, then one without.
     let first = store::record_deliveries(
@@ -598,6 +612,15 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
                 (row.status, row.locked_by.as_deref(), row.result.clone()),
                 (OutboxStatus::Done, None, Some(users[n].to_string())),
                 "row {n}"
+            );
+            assert_eq!(
+                (
+                    row.locked_until,
+                    row.last_error.as_deref(),
+                    row.error_code.as_deref()
+                ),
+                (None, None, None),
+                "row {n} keeps nothing of its lease or an earlier error"
             );
             assert_eq!(
                 (student.user_id, student.synced_version),
