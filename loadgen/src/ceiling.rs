@@ -158,20 +158,14 @@ pub async fn pgbench(admin_url: &str, clients: usize, seconds: u64) -> anyhow::R
         seconds,
         &[],
     )?;
-    // The same transaction with the NOTIFY inside it (`--wake-relays in-transaction`).
-    let notifying =
-        std::env::temp_dir().join(format!("create_student_notify_{}.sql", std::process::id()));
-    std::fs::write(
-        &notifying,
-        std::fs::read_to_string(scripts.join("create_student.sql"))?.replace(
-            "COMMIT;",
-            &format!("NOTIFY {};\nCOMMIT;", student_store::OUTBOX_CHANNEL),
-        ),
+    // The transaction with the NOTIFY inside it (`--wake-relays in-transaction`).
+    let create_notify_in_transaction_per_second = run_pgbench(
+        &databases.student_url,
+        &scripts.join("create_student_notify.sql"),
+        clients,
+        seconds,
+        &[],
     )?;
-    let create_notify_in_transaction_per_second =
-        run_pgbench(&databases.student_url, &notifying, clients, seconds, &[]);
-    std::fs::remove_file(&notifying).ok();
-    let create_notify_in_transaction_per_second = create_notify_in_transaction_per_second?;
     let rows = 200_000;
     student_db
         .execute_unprepared(

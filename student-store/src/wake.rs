@@ -78,6 +78,12 @@ impl RelayBell {
         }
     }
 
+    /// Whether this bell `NOTIFY`s inside the writing transaction (on PostgreSQL), which
+    /// then needs a transaction of its own.
+    pub(crate) fn rings_in_transaction(&self) -> bool {
+        self.mode == WakeRelays::InTransaction
+    }
+
     /// Inside the writing transaction: `NOTIFY` there if that is the mode (PostgreSQL
     /// delivers it at commit, never for a rolled-back row).
     pub(crate) async fn in_transaction(&self, txn: &impl ConnectionTrait) -> Result<(), DbErr> {

@@ -288,6 +288,8 @@ async fn client_keys_answer_retries_and_refuse_other_requests(backend: Backend) 
         .await
         .expect_err("key reused by CreateStudent");
     assert_eq!(status.code(), Code::FailedPrecondition);
+    // The new student's row was fine; its outbox row broke the key's unique index. Both
+    // are one statement on PostgreSQL (one transaction on SQLite), so neither stays.
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
     let now = get(&app, &student.id).await;
     assert_eq!((now.version, now.active), (2, true));
