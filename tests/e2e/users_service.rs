@@ -388,6 +388,9 @@ async fn another_key_with_a_taken_document_number_is_rejected_and_the_rejection_
         .expect("created");
     let mut second = request("second-key");
     second.student_id = "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".into();
+    // The second key's inbox row was fine and its user was not: both are one statement on
+    // PostgreSQL (one transaction on SQLite), so the inbox row must not stay and answer
+    // "created" for a user that was never written.
     for replayed in [false, true] {
         let status = users
             .create_user(second.clone())

@@ -63,9 +63,8 @@ pub async fn replay(
     request: Request<'_>,
     mode: Mode,
 ) -> Result<Option<Answer>, Error> {
-    if let Some(recalled) = answers.recall(request.key, now()) {
-        crate::metrics::answered_from_memory();
-        return saved_answer(request, &recalled.request_hash, recalled.outcome).map(Some);
+    if let Some(answer) = recall(answers, request)? {
+        return Ok(Some(answer));
     }
     let Some(entry) = inbox::Entity::find_by_id(request.key.to_owned())
         .one(db)
@@ -85,6 +84,16 @@ pub async fn replay(
     };
     answers.remember(saved, &outcome, entry.created_at);
     saved_answer(request, &entry.request_hash, outcome).map(Some)
+}
+
+/// Like [`replay`], from memory only: `None` when `answers` does not remember the key,
+/// whether or not the table has it.
+pub fn recall(answers: &AnswerCache, request: Request<'_>) -> Result<Option<Answer>, Error> {
+    let Some(recalled) = answers.recall(request.key, now()) else {
+        return Ok(None);
+    };
+    crate::metrics::answered_from_memory();
+    saved_answer(request, &recalled.request_hash, recalled.outcome).map(Some)
 }
 
 /// The saved answer to a repeat of `request`, whose key's first request had
