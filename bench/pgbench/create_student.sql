@@ -4,7 +4,7 @@
 -- so that both rows carry the same one. student-svc sends the NOTIFY that wakes the relays
 -- after the commit (student-store/src/wake.rs), outside this statement.
 \set n random(1, 9000000000000000000)
-WITH new_student AS (
+WITH first AS (
   INSERT INTO students (id, first_name, last_name, email, document_number, user_id, client_key, request_hash, created_at, updated_at, version, synced_version, active)
     VALUES (md5(:client_id::text || '-' || :n::text)::uuid, 'Load', 'Student', 'load@example.edu', 'P' || :client_id::text || '-' || :n::text, NULL, 'bench-' || :client_id::text || '-' || :n::text, 'hash', now(), now(), 1, 0, true)
 )

@@ -3,7 +3,7 @@
 -- looked up first: the inbox's primary key refuses a repeat, and the users-svc answers
 -- repeats it remembers from memory.
 \set n random(1, 9000000000000000000)
-WITH new_user AS (
+WITH first AS (
   INSERT INTO users (id, email, first_name, last_name, document_number, student_id, enabled, created_at, source_version)
     VALUES (md5(:client_id::text || '-' || :n::text)::uuid, 'load@example.edu', 'Load', 'User', 'U' || :client_id::text || '-' || :n::text, gen_random_uuid(), true, now(), 1)
 )

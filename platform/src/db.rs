@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use sea_orm::{
     ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
     RuntimeErr, SqlErr, SqliteTransactionMode, TransactionOptions, TransactionTrait,
-    sea_query::Expr,
+    sea_query::{CommonTableExpression, Expr, InsertStatement, WithClause},
     sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous},
 };
 
@@ -114,6 +114,25 @@ pub fn is_unique_violation(err: &DbErr) -> bool {
     matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_)))
 }
 
+/// Two INSERTs as ONE PostgreSQL statement, `WITH first AS (<first>) <then>`: one round
+/// trip instead of BEGIN, both INSERTs and COMMIT, and still one transaction (a statement
+/// is its own). PostgreSQL runs a data-modifying `WITH` exactly once though nothing reads
+/// it, and a failure of either INSERT (a unique violation) fails both. SQLite has no
+/// `INSERT` inside `WITH`: there, use a transaction.
+pub fn insert_both(first: InsertStatement, mut then: InsertStatement) -> InsertStatement {
+    then.with_cte(
+        WithClause::new()
+            .cte(
+                CommonTableExpression::new()
+                    .query(first)
+                    .table_name("first")
+                    .to_owned(),
+            )
+            .to_owned(),
+    );
+    then
+}
+
 /// Tells whether `url` names a SQLite database.
 pub fn is_sqlite(url: &str) -> bool {
     url.starts_with("sqlite:")
@@ -176,6 +195,22 @@ pub fn shared_now(backend: DbBackend) -> Expr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn insert_both_is_one_statement_whose_with_holds_the_first_insert() {
+        use sea_orm::sea_query::{PostgresQueryBuilder, Query};
+        let insert = |table: &str, value: i32| {
+            Query::insert()
+                .into_table(table.to_owned())
+                .columns(["n".to_owned()])
+                .values_panic([value.into()])
+                .to_owned()
+        };
+        assert_eq!(
+            insert_both(insert("a", 1), insert("b", 2)).to_string(PostgresQueryBuilder),
+            r#"WITH "first" AS (INSERT INTO "a" ("n") VALUES (1)) INSERT INTO "b" ("n") VALUES (2)"#
+        );
+    }
 
     #[test]
     fn redact_url_hides_the_password_only() {

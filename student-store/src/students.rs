@@ -4,11 +4,13 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use platform::{db::begin_write, failpoint};
+use platform::{
+    db::{begin_write, insert_both},
+    failpoint,
+};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
     EntityTrait, NotSet, QueryFilter, QueryOrder, QuerySelect, QueryTrait, Set, TryIntoModel,
-    sea_query::{CommonTableExpression, WithClause},
 };
 use uuid::Uuid;
 
@@ -127,32 +129,20 @@ pub async fn create(
     })
 }
 
-/// PostgreSQL: the student and its outbox row in ONE statement, which is its own
-/// transaction (`WITH new_student AS (INSERT INTO students …) INSERT INTO outbox …
-/// RETURNING *`): one round trip instead of four (BEGIN, two INSERTs, COMMIT), which made
-/// CreateStudent a third faster (BENCHMARKS.md). PostgreSQL runs a data-modifying `WITH`
-/// exactly once even though nothing reads it, and a failure of either INSERT (a unique
-/// violation) fails the whole statement. SQLite has no `INSERT` inside `WITH`; its
-/// transaction costs no round trips anyway.
+/// PostgreSQL: the student and its outbox row in ONE statement (see
+/// [`platform::db::insert_both`]), one round trip instead of four, which made CreateStudent
+/// a third faster (BENCHMARKS.md).
 async fn insert_together(
     db: &DatabaseConnection,
     student: students::ActiveModel,
     create_user: outbox::ActiveModel,
 ) -> Result<(students::Model, outbox::Model), DbErr> {
     let written = student.clone().try_into_model()?;
-    let mut statement = outbox::Entity::insert(create_user).into_query();
-    statement
-        .with_cte(
-            WithClause::new()
-                .cte(
-                    CommonTableExpression::new()
-                        .query(students::Entity::insert(student).into_query())
-                        .table_name("new_student")
-                        .to_owned(),
-                )
-                .to_owned(),
-        )
-        .returning_all();
+    let mut statement = insert_both(
+        students::Entity::insert(student).into_query(),
+        outbox::Entity::insert(create_user).into_query(),
+    );
+    statement.returning_all();
     let row = outbox::Entity::find()
         .from_raw_sql(db.get_database_backend().build(&statement))
         .one(db)

@@ -5,13 +5,12 @@
 //! document number) is a domain rule, enforced by the `users` table's own unique index.
 
 use platform::{
-    db::{begin_write, is_unique_violation, now},
+    db::{begin_write, insert_both, is_unique_violation, now},
     failpoint, redact,
 };
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
     QueryTrait, Set,
-    sea_query::{CommonTableExpression, WithClause},
 };
 use tonic::Code;
 use uuid::Uuid;
@@ -119,26 +118,16 @@ async fn insert_user_with_inbox(
     Ok(user_id)
 }
 
-/// PostgreSQL: the user and its inbox row in ONE statement, its own transaction (`WITH
-/// new_user AS (INSERT INTO users …) INSERT INTO inbox …`): one round trip instead of four.
-/// A data-modifying `WITH` runs exactly once though nothing reads it, and a unique
-/// violation in either INSERT (the key, or the document number) fails both. SQLite has no
-/// `INSERT` inside `WITH`.
+/// PostgreSQL: the user and its inbox row in ONE statement (see
+/// [`platform::db::insert_both`]), one round trip instead of four.
 async fn insert_together(
     db: &DatabaseConnection,
     user: users::ActiveModel,
     answer: inbox_row::ActiveModel,
 ) -> Result<(), DbErr> {
-    let mut statement = InboxEntity::insert(answer).into_query();
-    statement.with_cte(
-        WithClause::new()
-            .cte(
-                CommonTableExpression::new()
-                    .query(users::Entity::insert(user).into_query())
-                    .table_name("new_user")
-                    .to_owned(),
-            )
-            .to_owned(),
+    let statement = insert_both(
+        users::Entity::insert(user).into_query(),
+        InboxEntity::insert(answer).into_query(),
     );
     db.execute(&statement).await?;
     Ok(())
