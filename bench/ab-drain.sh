@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
-# Compares the backlog drain of two commits on this machine, alternating them run by run so
-# that both see the same machine (its speed drifts by tens of per cent within an hour).
+# Compares two commits on this machine, alternating them run by run so that both see the
+# same machine (its speed drifts by tens of per cent within an hour).
 #
 #   bench/ab-drain.sh BASE [NEW] [--rounds N] [--students N] [--relays "1 2 4"] [--backend URL]
+#   bench/ab-drain.sh BASE [NEW] [--rounds N] [--backend URL] -- MODE [ARGS...]
 #
 # BASE and NEW are commits (NEW defaults to the working tree). Each side is built in a
 # worktree of its own with a target directory of its own (a shared one would mix them up:
-# cargo names the units of both the same). Every run writes `loadgen --json` into
-# $OUT (default bench/results/ab-<date>/); the last lines are the median rows/s per side
-# and number of relays; loadgen's progress goes to $AB_WORK/ab-drain.log. A commit older than d88757f rebuilds on every run (its devstack
-# passed cargo's variables on to the inner build).
+# cargo names the units of both the same). By default each round drains a backlog with
+# each number of relays; after `--`, each round runs that `loadgen` mode instead (`closed
+# --students 8000 --in-flight 32 --relays 0`, `open --rate 300 --duration 15s`, ...). Every
+# run writes `loadgen --json` into $OUT (default bench/results/ab-<date>/); the last lines
+# are the medians per side; loadgen's progress goes to $AB_WORK/ab-drain.log. A commit
+# older than d88757f rebuilds on every run (its devstack passed cargo's variables on to
+# the inner build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-base=${1:?usage: bench/ab-drain.sh BASE [NEW] [--rounds N] [--students N] [--relays LIST] [--backend URL]}
+base=${1:?usage: bench/ab-drain.sh BASE [NEW] [--rounds N] [--students N] [--relays LIST] [--backend URL] [-- MODE ARGS...]}
 shift
 new=""
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then new=$1; shift; fi
 rounds=3 students=4000 relays="1 2" backend=postgres://postgres@127.0.0.1:5432/postgres
+mode=()
 while [ $# -gt 0 ]; do
   case $1 in
+    --) shift; mode=("$@"); break ;;
     --rounds) rounds=$2; shift 2 ;;
     --students) students=$2; shift 2 ;;
     --relays) relays=$2; shift 2 ;;
@@ -50,33 +56,52 @@ checkout() {
 read -r base_dir base_target < <(checkout base "$base")
 read -r new_dir new_target < <(checkout new "$new")
 
-drain() {
-  local side=$1 dir=$2 target=$3 relays=$4 round=$5
+# One loadgen run of one side: `run SIDE DIR TARGET NAME ARGS...` writes $out/SIDE-NAME.json
+# and prints loadgen's headline lines, prefixed with the side.
+run() {
+  local side=$1 dir=$2 target=$3 name=$4
+  shift 4
   ( cd "$dir" && CARGO_TARGET_DIR=$target cargo run -q --release -p loadgen -- \
-      --backend "$backend" --json "$out/$side-relays$relays-$round.json" \
-      drain --students "$students" --relays "$relays" 2>>"$work/ab-drain.log" ) |
-    grep '^drain of' | sed "s/^/$side: /"
+      --backend "$backend" --json "$out/$side-$name.json" "$@" 2>>"$work/ab-drain.log" ) |
+    grep -E '^(drain of|closed:|open loop)' | sed "s/^/$side: /"
 }
 
 # The first run of each side builds it; not counted.
-drain base "$base_dir" "$base_target" 1 warm >/dev/null
-drain new "$new_dir" "$new_target" 1 warm >/dev/null
+if [ ${#mode[@]} -eq 0 ]; then warm=(drain --students "$students" --relays 1); else warm=("${mode[@]}"); fi
+run base "$base_dir" "$base_target" warm "${warm[@]}" >/dev/null
+run new "$new_dir" "$new_target" warm "${warm[@]}" >/dev/null
 rm -f "$out"/*-warm.json
 for round in $(seq 1 "$rounds"); do
-  for k in $relays; do
-    drain base "$base_dir" "$base_target" "$k" "$round"
-    drain new "$new_dir" "$new_target" "$k" "$round"
-  done
+  if [ ${#mode[@]} -eq 0 ]; then
+    for k in $relays; do
+      run base "$base_dir" "$base_target" "relays$k-$round" drain --students "$students" --relays "$k"
+      run new "$new_dir" "$new_target" "relays$k-$round" drain --students "$students" --relays "$k"
+    done
+  else
+    run base "$base_dir" "$base_target" "${mode[0]}-$round" "${mode[@]}"
+    run new "$new_dir" "$new_target" "${mode[0]}-$round" "${mode[@]}"
+  fi
 done
 
 python3 - "$out" <<'EOF'
 import glob, json, statistics, sys
-rates = {}
-for path in glob.glob(f"{sys.argv[1]}/*-relays*-*.json"):
-    side = path.rsplit("/", 1)[1].split("-relays")[0]
-    drain = json.load(open(path))["results"]["drain"]
-    rates.setdefault((drain["relays"], side), []).append(drain["links"]["per_second"])
-for (relays, side), values in sorted(rates.items()):
-    print(f"{relays} relay(s), {side}: median {statistics.median(values):.0f} rows/s over {len(values)} runs "
-          f"(min {min(values):.0f}, max {max(values):.0f})")
+
+# Per mode (and number of relays) and side: the median of each figure over the runs.
+figures = {}
+for path in sorted(glob.glob(f"{sys.argv[1]}/*.json")):
+    side = path.rsplit("/", 1)[1].split("-", 1)[0]
+    for mode, result in json.load(open(path))["results"].items():
+        group = f"{mode}, {result['relays']} relay(s)" if "relays" in result else mode
+        found = figures.setdefault((group, side), {})
+        for rate, latency, block in (("CreateStudent", "CreateStudent", result.get("create")),
+                                     ("linked", "link latency", result.get("links"))):
+            if not block:
+                continue
+            found.setdefault((rate, "/s"), []).append(block["per_second"])
+            for p in ("p50", "p99"):
+                found.setdefault((f"{latency} {p}", "ms"), []).append(block["latency"][f"{p}_ms"])
+for (group, side), found in sorted(figures.items()):
+    for (label, unit), values in found.items():
+        print(f"{group}, {side}: {label} median {statistics.median(values):.1f} {unit} over "
+              f"{len(values)} runs (min {min(values):.1f}, max {max(values):.1f})")
 EOF
