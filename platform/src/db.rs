@@ -117,8 +117,11 @@ pub fn is_unique_violation(err: &DbErr) -> bool {
 /// Two INSERTs as ONE PostgreSQL statement, `WITH first AS (<first>) <then>`: one round
 /// trip instead of BEGIN, both INSERTs and COMMIT, and still one transaction (a statement
 /// is its own). PostgreSQL runs a data-modifying `WITH` exactly once though nothing reads
-/// it, and a failure of either INSERT (a unique violation) fails both. SQLite has no
-/// `INSERT` inside `WITH`: there, use a transaction.
+/// it, and a failure of either INSERT (a unique violation) fails both. It promises no order
+/// between them (today it runs `then` first and the `WITH` after it), so neither may need
+/// the other's row, and the explicit transaction elsewhere locks unique keys in the other
+/// order: two writers of the same keys, one each way, can deadlock, and PostgreSQL then
+/// aborts one of them. SQLite has no `INSERT` inside `WITH`: there, use a transaction.
 pub fn insert_both(first: InsertStatement, mut then: InsertStatement) -> InsertStatement {
     then.with_cte(
         WithClause::new()

@@ -10,7 +10,9 @@
 
 /// Fail points in the binaries. Each names the moment it stands for.
 pub mod points {
-    /// student-svc, CreateStudent: both rows written, transaction not yet committed.
+    /// student-svc, CreateStudent: both rows written, transaction not yet committed. On
+    /// PostgreSQL, where both rows are one statement (unless the `NOTIFY` is in the
+    /// transaction), nothing is sent yet: there is no moment with uncommitted rows.
     pub const STUDENT_BEFORE_COMMIT: &str = "student-before-commit";
     /// student-svc, CreateStudent: committed, answer not yet sent.
     pub const STUDENT_AFTER_COMMIT: &str = "student-after-commit";
@@ -21,7 +23,9 @@ pub mod points {
     /// users-svc, CreateUser: the request arrived; nothing read, written or locked yet (a
     /// `sleep` here makes Users slow without holding any database lock).
     pub const USERS_ON_REQUEST: &str = "users-on-request";
-    /// users-svc, CreateUser: user and inbox row written, transaction not yet committed.
+    /// users-svc, a write: its rows written, transaction not yet committed. For CreateUser
+    /// on PostgreSQL (one statement) nothing is sent yet; UpdateUser and DisableUser keep
+    /// their transaction everywhere.
     pub const USERS_BEFORE_COMMIT: &str = "users-before-commit";
     /// users-svc, CreateUser: committed, answer not yet sent.
     pub const USERS_AFTER_COMMIT: &str = "users-after-commit";

@@ -288,11 +288,13 @@ async fn a_request_past_the_server_timeout_is_cancelled_and_stores_nothing(backe
         .await
         .expect_err("the server gives up after its timeout");
     assert_eq!(status.code(), tonic::Code::Cancelled, "{status:?}");
-    // The handler reached its transaction before it was cancelled...
+    // The handler reached its write before it was cancelled (on SQLite, inside its
+    // transaction; on PostgreSQL, just before its one statement)...
     stack
         .wait_for_log_lines("users-svc", "fail point: sleeping", 1)
         .await;
-    // ...and had it not been dropped, it would have committed by now. It was: rolled back.
+    // ...and had it not been dropped, it would have committed by now. It was dropped:
+    // nothing stored.
     tokio::time::sleep_until(sent + would_commit_after + Duration::from_millis(500)).await;
     assert_eq!(users_and_inbox_rows(&stack.users_db).await, (0, 0));
     assert!(!stack.log_of("users-svc").contains("user created"));

@@ -289,7 +289,9 @@ async fn client_keys_answer_retries_and_refuse_other_requests(backend: Backend) 
         .expect_err("key reused by CreateStudent");
     assert_eq!(status.code(), Code::FailedPrecondition);
     // The new student's row was fine; its outbox row broke the key's unique index. Both
-    // are one statement on PostgreSQL (one transaction on SQLite), so neither stays.
+    // are one statement on PostgreSQL (one transaction on SQLite), so neither stays. (With
+    // the two sent apart, student first, the student stayed and this call "succeeded".
+    // The other order is caught by `a_second_student_with_the_same_document_number_is_rejected`.)
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
     let now = get(&app, &student.id).await;
     assert_eq!((now.version, now.active), (2, true));

@@ -1,7 +1,7 @@
 //! users-svc through its gRPC surface: the inbox makes CreateUser idempotent.
 
 use proto::users::v1::{CreateUserRequest, GetUserRequest};
-use sea_orm::EntityTrait;
+use sea_orm::{EntityTrait, sea_query::Expr};
 use tonic::{Code, Request, metadata::MetadataValue};
 use users_svc::entity::{
     inbox::{self, SavedOutcome},
@@ -27,6 +27,7 @@ on_both_backends!(
     replay_only_request_never_creates,
     invalid_create_user_fields_are_named_and_nothing_is_stored,
     another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays,
+    a_rejected_key_repeated_where_memory_does_not_know_it_keeps_its_rejection,
     get_user_returns_the_user_or_names_the_problem,
     a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not,
     a_malformed_key_time_is_refused_naming_it,
@@ -407,6 +408,45 @@ async fn another_key_with_a_taken_document_number_is_rejected_and_the_rejection_
         );
     }
     // One user, and two inbox rows: the second key's saved answer is the rejection.
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
+}
+
+async fn a_rejected_key_repeated_where_memory_does_not_know_it_keeps_its_rejection(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    app.users
+        .clone()
+        .create_user(request("first-key"))
+        .await
+        .expect("created");
+    let mut second = request("second-key");
+    second.student_id = "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".into();
+    let status = app
+        .users
+        .clone()
+        .create_user(second.clone())
+        .await
+        .expect_err("document number taken");
+    assert_eq!(status.code(), Code::AlreadyExists);
+    // The document number's holder is disabled: the same request under a new key would
+    // now create a user.
+    users::Entity::update_many()
+        .col_expr(users::Column::Enabled, Expr::value(false))
+        .exec(&app.users_db)
+        .await
+        .expect("disable the holder");
+    // A replica never saw the second key, so it writes at once; its user could be written
+    // now, but not its inbox row (the key's is there), and the two stand or fall together.
+    let mut replica = app.users_replica().await;
+    let status = replica
+        .create_user(second)
+        .await
+        .expect_err("the saved rejection");
+    assert_eq!(status.code(), Code::AlreadyExists);
+    assert!(status.metadata().get("idempotent-replayed").is_some());
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
 }
 

@@ -139,7 +139,7 @@ pub async fn after_unique_violation(
 ) -> Result<Option<Answer>, Error> {
     let answer = replay(db, answers, request, Mode::Execute).await?;
     if answer.is_some() {
-        tracing::info!("answered from the inbox (a concurrent delivery of this key executed it)");
+        tracing::info!("answered from the inbox (the key had run before: its write was refused)");
     }
     Ok(answer)
 }
