@@ -4,6 +4,7 @@
 
 use platform::failpoint::points;
 use proto::student::v1::{CreateStudentRequest, GetStudentRequest, UserLinkStatus};
+use sea_orm::EntityTrait;
 use student_store::entity::outbox::{FailureKind, OutboxStatus};
 use tonic::Code;
 
@@ -21,6 +22,7 @@ use crate::{
 
 on_both_backends!(
     student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_once,
+    student_svc_crash_inside_an_open_transaction_stores_nothing,
     student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key,
     rows_committed_while_no_relay_runs_are_delivered_once,
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
@@ -32,6 +34,7 @@ on_both_backends!(
     a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key,
     changes_survive_a_relay_dying_after_users_answered_before_finalize,
     changes_survive_users_dying_after_its_commit,
+    a_change_survives_users_dying_inside_its_transaction,
 );
 
 fn armed(point: &str, action: &str) -> String {
@@ -41,11 +44,22 @@ fn armed(point: &str, action: &str) -> String {
 async fn student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_once(
     backend: Backend,
 ) {
+    crash_before_commit_then_retry(backend, &[]).await;
+}
+
+/// The same crash where the rows are already written, uncommitted, when the process dies:
+/// on PostgreSQL CreateStudent is one statement, so this takes the mode that keeps its
+/// transaction (`--wake-relays in-transaction`), and the database must roll it back.
+async fn student_svc_crash_inside_an_open_transaction_stores_nothing(backend: Backend) {
+    crash_before_commit_then_retry(backend, &["--wake-relays", "in-transaction"]).await;
+}
+
+async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     stack
-        .restart_student(Some(&armed(points::STUDENT_BEFORE_COMMIT, "abort")))
+        .restart_student_with(Some(&armed(points::STUDENT_BEFORE_COMMIT, "abort")), flags)
         .await;
     let request = CreateStudentRequest {
         idempotency_key: Some("enrol-1".into()),
@@ -70,7 +84,7 @@ async fn student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_on
         "nothing was committed"
     );
 
-    stack.restart_student(None).await;
+    stack.restart_student_with(None, flags).await;
     let first = stack
         .student_client()
         .create_student(request.clone())
@@ -542,6 +556,35 @@ async fn changes_survive_users_dying_after_its_commit(backend: Backend) {
             .expect("the row");
         assert_ne!(executed.status, OutboxStatus::Done, "{effect}: answer lost");
     }
+    stack.restart_users(None).await;
+    assert_changes_applied_once(&mut stack, &id).await;
+}
+
+/// Users dies with the update written and not committed: the database rolls it back (the
+/// user stays at its first version, no inbox row for the update), and the redelivery
+/// applies it once. UpdateUser keeps its transaction on both backends, so on PostgreSQL
+/// too this is a rollback (CreateUser is one statement there; see the fail point's doc).
+async fn a_change_survives_users_dying_inside_its_transaction(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let id = a_student_with_two_changes_waiting(&mut stack).await;
+    stack
+        .restart_users(Some(&armed(points::USERS_BEFORE_COMMIT, "1*abort")))
+        .await;
+    stack.start_relay(None, &[]);
+    stack.wait_for_users_abort();
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (1, 1),
+        "only the creation is committed"
+    );
+    let user = users_svc::entity::users::Entity::find()
+        .one(&stack.users_db)
+        .await
+        .expect("read")
+        .expect("the user");
+    assert_eq!(user.source_version, 1, "the update was rolled back");
     stack.restart_users(None).await;
     assert_changes_applied_once(&mut stack, &id).await;
 }
