@@ -91,15 +91,21 @@ figures = {}
 for path in sorted(glob.glob(f"{sys.argv[1]}/*.json")):
     side = path.rsplit("/", 1)[1].split("-", 1)[0]
     for mode, result in json.load(open(path))["results"].items():
-        group = f"{mode}, {result['relays']} relay(s)" if "relays" in result else mode
-        found = figures.setdefault((group, side), {})
-        for rate, latency, block in (("CreateStudent", "CreateStudent", result.get("create")),
-                                     ("linked", "link latency", result.get("links"))):
-            if not block:
-                continue
-            found.setdefault((rate, "/s"), []).append(block["per_second"])
-            for p in ("p50", "p99"):
-                found.setdefault((f"{latency} {p}", "ms"), []).append(block["latency"][f"{p}_ms"])
+        # `compare` holds one result per link mode; `suite`'s drains are a list.
+        parts = [(mode, r) for r in result] if isinstance(result, list) else [(mode, result)]
+        parts = [(f"{m} {name}", r[name]) if name in r else (m, r)
+                 for m, r in parts for name in (("outbox", "direct") if "outbox" in r else ("",))]
+        for group, result in parts:
+            if "relays" in result:
+                group = f"{group}, {result['relays']} relay(s)"
+            found = figures.setdefault((group, side), {})
+            for rate, latency, block in (("CreateStudent", "CreateStudent", result.get("create")),
+                                         ("linked", "link latency", result.get("links"))):
+                if not block:
+                    continue
+                found.setdefault((rate, "/s"), []).append(block["per_second"])
+                for p in ("p50", "p99"):
+                    found.setdefault((f"{latency} {p}", "ms"), []).append(block["latency"][f"{p}_ms"])
 for (group, side), found in sorted(figures.items()):
     for (label, unit), values in found.items():
         print(f"{group}, {side}: {label} median {statistics.median(values):.1f} {unit} over "
