@@ -63,7 +63,7 @@ run() {
   shift 4
   ( cd "$dir" && CARGO_TARGET_DIR=$target cargo run -q --release -p loadgen -- \
       --backend "$backend" --json "$out/$side-$name.json" "$@" 2>>"$work/ab-drain.log" ) |
-    grep -E '^(drain of|closed:|open loop)' | sed "s/^/$side: /"
+    { grep -E '^(drain of|closed:|open loop|outbox:|direct:|  linked)' || true; } | sed "s/^/$side: /"
 }
 
 # The first run of each side builds it; not counted.
