@@ -705,18 +705,17 @@ static EARLIER_ROWS_DONE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Rows held back behind an earlier `failed` row of their student. (The `IN` term is
-/// `outbox_claimable`'s predicate, spelled out so that SQLite's planner uses that index: it
-/// does not see that `status = 'pending'` implies it.)
+/// [`UNDELIVERED`], for SQLite's planner.)
 static BLOCKED: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT COUNT(*) AS blocked FROM outbox AS candidate \
-          WHERE candidate.status IN ({pending}, {processing}) AND candidate.status = {pending} \
+          WHERE candidate.status IN ({undelivered}) AND candidate.status = {pending} \
             AND EXISTS (SELECT 1 FROM outbox AS earlier \
                          WHERE earlier.aggregate_id = candidate.aggregate_id \
                            AND earlier.aggregate_version < candidate.aggregate_version \
                            AND earlier.status = {failed})",
+        undelivered = UNDELIVERED.map(literal).join(", "),
         pending = literal(OutboxStatus::Pending),
-        processing = literal(OutboxStatus::Processing),
         failed = literal(OutboxStatus::Failed),
     )
 });
