@@ -151,21 +151,18 @@ pub async fn pgbench(admin_url: &str, clients: usize, seconds: u64) -> anyhow::R
     let users_db =
         migrations::open::<migrations::users::Migrator>(&databases.users_url, 16).await?;
 
-    let create_per_second = run_pgbench(
-        &databases.student_url,
-        &scripts.join("create_student.sql"),
-        clients,
-        seconds,
-        &[],
-    )?;
+    let create = |script: &str| {
+        run_pgbench(
+            &databases.student_url,
+            &scripts.join(script),
+            clients,
+            seconds,
+            &[],
+        )
+    };
+    let create_per_second = create("create_student.sql")?;
     // The transaction with the NOTIFY inside it (`--wake-relays in-transaction`).
-    let create_notify_in_transaction_per_second = run_pgbench(
-        &databases.student_url,
-        &scripts.join("create_student_notify.sql"),
-        clients,
-        seconds,
-        &[],
-    )?;
+    let create_notify_in_transaction_per_second = create("create_student_notify.sql")?;
     let rows = 200_000;
     student_db
         .execute_unprepared(
