@@ -86,16 +86,24 @@ done
 python3 - "$out" <<'EOF'
 import glob, json, statistics, sys
 
+def parts(mode, result):
+    """(group, result) for each result a mode wrote: `compare` holds one per link mode,
+    `suite`'s drains are a list."""
+    if isinstance(result, list):
+        for each in result:
+            yield from parts(mode, each)
+    elif "outbox" in result:
+        for name in ("outbox", "direct"):
+            yield f"{mode} {name}", result[name]
+    else:
+        yield mode, result
+
 # Per mode (and number of relays) and side: the median of each figure over the runs.
 figures = {}
 for path in sorted(glob.glob(f"{sys.argv[1]}/*.json")):
     side = path.rsplit("/", 1)[1].split("-", 1)[0]
-    for mode, result in json.load(open(path))["results"].items():
-        # `compare` holds one result per link mode; `suite`'s drains are a list.
-        parts = [(mode, r) for r in result] if isinstance(result, list) else [(mode, result)]
-        parts = [(f"{m} {name}", r[name]) if name in r else (m, r)
-                 for m, r in parts for name in (("outbox", "direct") if "outbox" in r else ("",))]
-        for group, result in parts:
+    for mode, results in json.load(open(path))["results"].items():
+        for group, result in parts(mode, results):
             if "relays" in result:
                 group = f"{group}, {result['relays']} relay(s)"
             found = figures.setdefault((group, side), {})
