@@ -605,7 +605,10 @@ pub async fn purge_done(db: &DatabaseConnection, retention: Duration) -> Result<
 /// Restricts an update to the row as long as it is held by the claim `row` came from:
 /// still `processing`, leased to `relay_id`, at the claim's attempt, under the claim's key.
 /// (Every claim counts an attempt, so the attempt tells one claim of a row from the next,
-/// even by the same relay.)
+/// even by the same relay. One exception: a claim PostgreSQL lost in a crash, see
+/// [`CLAIM_POSTGRES`], counted an attempt that the next claim counts again. Should the same
+/// relay claim the row again and then record the lost claim's answer, it records Users'
+/// answer to the same key, which is what the new claim would record.)
 fn held_by_claim(
     update: UpdateMany<outbox::Entity>,
     row: &outbox::Model,
@@ -640,10 +643,20 @@ fn without_lease(update: UpdateMany<outbox::Entity>) -> UpdateMany<outbox::Entit
 /// took thousands. The `status IN (…)` conjunct lets the planner use the partial index
 /// `outbox_claimable` (unfinished rows in id order), so a claim never walks the `done`
 /// history.
+///
+/// The claim commits without waiting for the disk (`no_flush`: `synchronous_commit` off for
+/// this statement's transaction only), taking one of the four serial flushes off a row's way
+/// from CreateStudent to linked. A claim is only a lease, so losing it is safe: if the
+/// database crashes before the claim reaches the disk, the row is due again as if its relay
+/// had died, and is redelivered under the same key, which Users answers from its inbox. The
+/// claiming relay's finalize cannot land without it either: the finalize commits durably,
+/// and PostgreSQL writes its log in order, so a finalize on disk has its claim on disk.
 static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
     format!(
-        r#"WITH claimed AS MATERIALIZED (
-                  SELECT candidate.id FROM outbox AS candidate
+        r#"WITH no_flush AS MATERIALIZED (
+                  SELECT set_config('synchronous_commit', 'off', true) AS setting),
+                claimed AS MATERIALIZED (
+                  SELECT candidate.id FROM outbox AS candidate CROSS JOIN no_flush
                    WHERE candidate.status IN ({pending}, {processing})
                      AND ((candidate.status = {pending} AND candidate.available_at <= now())
                        OR (candidate.status = {processing} AND candidate.locked_until < now()))

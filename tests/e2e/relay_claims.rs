@@ -3,7 +3,10 @@
 use std::{collections::HashSet, time::Duration};
 
 use relay::{BatchOutcome, RunConfig, retry_failed, wakeup::Wakeup};
-use sea_orm::{ColumnTrait as _, EntityTrait, QueryFilter as _};
+use sea_orm::{
+    ColumnTrait as _, ConnectionTrait as _, DbBackend, EntityTrait, QueryFilter as _, Statement,
+    sea_query::Expr,
+};
 use student_store::entity::{
     outbox::{self, FailureKind, OutboxStatus},
     students,
@@ -32,6 +35,8 @@ on_both_backends!(
     a_group_commit_records_each_row_as_it_would_alone,
     shutdown_releases_claimed_rows_that_were_not_sent,
     a_claim_takes_no_more_rows_than_free_call_slots,
+    after_a_claim_its_connection_commits_durably_again,
+    a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing,
     a_failing_row_does_not_block_the_rows_behind_it,
     exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_key,
     an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never_ran,
@@ -656,6 +661,99 @@ async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {
         7,
         "the other rows were never leased: {statuses:?}"
     );
+}
+
+/// A claim commits without waiting for the disk on PostgreSQL, and for its own transaction
+/// only: the connection that ran it goes back to the pool and may carry a finalize next,
+/// which must reach the disk before it is acknowledged. (SQLite claims as it commits
+/// everything, durably.)
+async fn after_a_claim_its_connection_commits_durably_again(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..3).await;
+    // One connection, so the setting read below is the claiming connection's.
+    let db = platform::db::connect_with(&app.databases.student_url, 1)
+        .await
+        .expect("one connection");
+    let claimed = store::claim_batch(&db, "durability-check", 10, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 3);
+    let (query, durable) = match db.get_database_backend() {
+        DbBackend::Postgres => ("SHOW synchronous_commit", "on"),
+        // 2 = FULL: the log is synced at every commit.
+        _ => ("PRAGMA synchronous", "2"),
+    };
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), query))
+        .await
+        .expect("setting")
+        .expect("a row");
+    let setting = row
+        .try_get_by_index::<String>(0)
+        .or_else(|_| row.try_get_by_index::<i64>(0).map(|n| n.to_string()))
+        .expect("value");
+    assert_eq!(setting, durable, "{query} after a claim");
+    db.close().await.expect("close");
+}
+
+/// A claim that never reached the disk (PostgreSQL crashed right after acknowledging it)
+/// leaves the row as it was before the claim. The relay that made it may already have sent
+/// the row and may try to record Users' answer: that finalize changes nothing, and the row
+/// is delivered again under its key and linked once.
+async fn a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..1).await;
+    let db = &app.student_db;
+    let before = rows(&app).await.remove(0);
+    let lost = store::claim_batch(db, "relay-a", 1, Duration::from_secs(60))
+        .await
+        .expect("claim")
+        .remove(0);
+    // The crash: the row is back to what the disk held before the claim.
+    outbox::Entity::update_many()
+        .col_expr(outbox::Column::Status, Expr::value(before.status))
+        .col_expr(
+            outbox::Column::LockedBy,
+            Expr::value(before.locked_by.clone()),
+        )
+        .col_expr(
+            outbox::Column::LockedUntil,
+            Expr::value(before.locked_until),
+        )
+        .col_expr(outbox::Column::Attempts, Expr::value(before.attempts))
+        .filter(outbox::Column::Id.eq(lost.id))
+        .exec(db)
+        .await
+        .expect("the claim undone");
+    assert_eq!(rows(&app).await[0], before);
+
+    let late = store::record_delivery(
+        db,
+        &lost,
+        "relay-a",
+        store::Delivered::UserCreated(uuid::Uuid::now_v7()),
+    )
+    .await;
+    assert!(
+        matches!(late, Err(store::RecordError::ClaimLost(id)) if id == lost.id),
+        "{late:?}"
+    );
+    assert_eq!(rows(&app).await[0], before, "the finalize changed nothing");
+
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
+    let done = rows(&app).await.remove(0);
+    assert_eq!(done.status, OutboxStatus::Done);
+    assert_eq!(done.idempotency_key, before.idempotency_key);
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
 }
 
 /// PostgreSQL only (SQLite has no NOTIFY): a relay that polls every 300 s delivers each new
