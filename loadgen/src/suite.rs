@@ -167,8 +167,13 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
         } => {
             let cost = crate::claim_cost::measure(&backend, *done, *pending, *claims).await?;
             println!(
-                "claim of 64 among {} due rows after {} done rows: with the index {}; without {}",
-                cost.pending_rows, cost.done_rows, cost.with_index, cost.without_index
+                "claim of 64 among {} due rows after {} done rows: right after they arrived, \
+                 statistics from before them {}; with the index {}; without {}",
+                cost.pending_rows,
+                cost.done_rows,
+                cost.after_quiet_spell,
+                cost.with_index,
+                cost.without_index
             );
             json!({ "claim_cost": cost })
         }
