@@ -205,24 +205,15 @@ async fn ceilings(
     drain_clients: usize,
     seconds: u64,
 ) -> anyhow::Result<Value> {
-    let mut library = ceiling::library(backend, create_clients, seconds).await?;
-    if drain_clients != create_clients {
-        let drain = ceiling::library(backend, drain_clients, seconds).await?;
-        library.users_per_second = drain.users_per_second;
-        library.link_per_second = drain.link_per_second;
-        library.drain_per_second = drain.drain_per_second;
-    }
+    let library = ceiling::library(backend, create_clients, drain_clients, seconds).await?;
     print_ceiling(
         "ceiling (the project's transaction functions, no gRPC)",
         &library,
     );
     let pgbench = match backend {
         Backend::Postgres { admin_url } => {
-            let mut pgbench = ceiling::pgbench(admin_url, create_clients, seconds).await?;
-            let drain = ceiling::pgbench(admin_url, drain_clients, seconds).await?;
-            pgbench.users_per_second = drain.users_per_second;
-            pgbench.link_per_second = drain.link_per_second;
-            pgbench.drain_per_second = drain.drain_per_second;
+            let pgbench =
+                ceiling::pgbench(admin_url, create_clients, drain_clients, seconds).await?;
             print_ceiling("ceiling (pgbench, bench/pgbench/*.sql)", &pgbench);
             if let Some(notifying) = pgbench.create_notify_in_transaction_per_second {
                 println!("  create with the NOTIFY inside the transaction: {notifying:.0} tx/s");
