@@ -82,18 +82,31 @@ pub async fn connect_with(url: &str, max_connections: u32) -> anyhow::Result<Dat
 
 /// Tells whether `err` is SQLite's "database is locked" (SQLITE_BUSY or an extended form).
 fn is_sqlite_busy(err: &DbErr) -> bool {
-    let (DbErr::Conn(runtime) | DbErr::Exec(runtime) | DbErr::Query(runtime)) = err else {
-        return false;
-    };
-    let RuntimeErr::SqlxError(err) = runtime else {
-        return false;
-    };
-    let sea_orm::sqlx::Error::Database(err) = err.as_ref() else {
-        return false;
-    };
-    err.code()
+    database_code(err)
         .and_then(|code| code.parse::<i32>().ok())
         .is_some_and(|code| code & 0xff == 5)
+}
+
+/// Tells whether PostgreSQL aborted `err`'s transaction in a conflict with a concurrent one:
+/// a deadlock (SQLSTATE 40P01) or a serialization failure (40001). Nothing of it stays, and
+/// the same request, sent again, may pass. (Two writers that lock the same keys in opposite
+/// orders can deadlock: see [`insert_both`].)
+pub fn is_transaction_conflict(err: &DbErr) -> bool {
+    matches!(database_code(err).as_deref(), Some("40P01" | "40001"))
+}
+
+/// The database's own code for `err`: PostgreSQL's SQLSTATE, SQLite's result code.
+fn database_code(err: &DbErr) -> Option<String> {
+    let (DbErr::Conn(runtime) | DbErr::Exec(runtime) | DbErr::Query(runtime)) = err else {
+        return None;
+    };
+    let RuntimeErr::SqlxError(err) = runtime else {
+        return None;
+    };
+    let sea_orm::sqlx::Error::Database(err) = err.as_ref() else {
+        return None;
+    };
+    err.code().map(|code| code.into_owned())
 }
 
 /// Begins a transaction that will write.
@@ -121,7 +134,7 @@ pub fn is_unique_violation(err: &DbErr) -> bool {
 /// between them (today it runs `then` first and the `WITH` after it), so neither may need
 /// the other's row, and the explicit transaction elsewhere locks unique keys in the other
 /// order: two writers of the same keys, one each way, can deadlock, and PostgreSQL then
-/// aborts one of them. SQLite has no `INSERT` inside `WITH`: there, use a transaction.
+/// aborts one of them (its caller gets ABORTED, see [`is_transaction_conflict`]). SQLite has no `INSERT` inside `WITH`: there, use a transaction.
 pub fn insert_both(first: InsertStatement, mut then: InsertStatement) -> InsertStatement {
     then.with_cte(
         WithClause::new()

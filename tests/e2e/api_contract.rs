@@ -470,3 +470,49 @@ async fn document_numbers_differing_only_in_case_name_one_document(backend: Back
         .expect("the number is free again");
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 3));
 }
+
+/// PostgreSQL only (SQLite has neither): a transaction the database aborted in a conflict
+/// with a concurrent one, a deadlock or a serialization failure, reaches the client of
+/// either service as ABORTED with reason `TRANSACTION_CONFLICT` (send it again with the
+/// same key), never as the INTERNAL of a bug. Any other database error stays INTERNAL. The
+/// errors are PostgreSQL's own, raised with their SQLSTATE.
+#[tokio::test]
+async fn a_transaction_the_database_aborted_in_a_conflict_is_aborted_not_internal() {
+    let Some(databases) = crate::support::TestDatabases::create(Backend::Postgres).await else {
+        return;
+    };
+    let db = platform::db::connect(&databases.student_url)
+        .await
+        .expect("connect");
+    let raise = |sqlstate: &'static str| {
+        let db = db.clone();
+        async move {
+            use sea_orm::ConnectionTrait as _;
+            db.execute_unprepared(&format!(
+                "DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{sqlstate}'; END $$"
+            ))
+            .await
+            .expect_err("raised")
+        }
+    };
+    for (sqlstate, expected) in [
+        ("40P01", Code::Aborted),
+        ("40001", Code::Aborted),
+        ("42P01", Code::Internal),
+    ] {
+        for status in [
+            Status::from(student_svc::Error::Db(raise(sqlstate).await)),
+            Status::from(users_svc::Error::Db(raise(sqlstate).await)),
+        ] {
+            assert_eq!(status.code(), expected, "{sqlstate}: {status:?}");
+            if expected == Code::Aborted {
+                assert_eq!(
+                    status.get_details_error_info().map(|info| info.reason),
+                    Some("TRANSACTION_CONFLICT".to_owned()),
+                    "{sqlstate}"
+                );
+            }
+        }
+    }
+    db.close().await.expect("close");
+}

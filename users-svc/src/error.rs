@@ -1,6 +1,6 @@
 //! Everything a Users use case can fail with, and the one mapping to gRPC statuses.
 
-use platform::{status, validate::FieldViolation};
+use platform::{db::is_transaction_conflict, status, validate::FieldViolation};
 use sea_orm::DbErr;
 use tonic::{Code, Status};
 use uuid::Uuid;
@@ -58,6 +58,18 @@ impl From<Error> for Status {
                 "IDEMPOTENCY_KEY_REUSED",
                 DOMAIN,
             ),
+            // PostgreSQL aborted it in a conflict with a concurrent request (a deadlock):
+            // nothing of it stays, and the same request, with the same key, may pass.
+            Error::Db(cause) if is_transaction_conflict(&cause) => {
+                tracing::warn!(error = %cause, "transaction conflict, answered ABORTED");
+                status::with_reason(
+                    Code::Aborted,
+                    "the database aborted this request in a conflict with a concurrent one; \
+                     send it again",
+                    "TRANSACTION_CONFLICT",
+                    DOMAIN,
+                )
+            }
             // The cause goes to the log, never to the caller: it may hold SQL or data.
             Error::Db(cause) => status::internal_error(&cause),
         }
