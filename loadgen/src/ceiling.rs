@@ -1,9 +1,9 @@
 //! What the database alone does on the project's own schema, measured in the same run as
 //! the system, so every system number is printed as a ratio to it.
 //!
-//! - `library`: the very functions the services run (the CreateStudent transaction, the
-//!   CreateUser transaction with its inbox lookup, the relay's fenced finalize), called
-//!   directly on fresh databases by concurrent tasks: no gRPC, no processes. Both backends.
+//! - `library`: the very functions the services run (CreateStudent, CreateUser, the
+//!   relay's claim and group commit), called directly on fresh databases by concurrent
+//!   tasks: no gRPC, no processes. Both backends.
 //! - `pgbench` (PostgreSQL): the same statements as SQL scripts in `bench/pgbench/`, driven
 //!   by `pgbench -M prepared`, the database with nothing of ours in front of it.
 //!
