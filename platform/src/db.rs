@@ -80,8 +80,10 @@ pub async fn connect_with(url: &str, max_connections: u32) -> anyhow::Result<Dat
     }
 }
 
-/// Tells whether `err` is SQLite's "database is locked" (SQLITE_BUSY or an extended form).
-fn is_sqlite_busy(err: &DbErr) -> bool {
+/// Tells whether `err` is SQLite's "database is locked" (SQLITE_BUSY or an extended form):
+/// other writers held SQLite's one write lock for longer than the busy timeout. Nothing of
+/// the request was written; sent again later, it may pass.
+pub fn is_sqlite_busy(err: &DbErr) -> bool {
     database_code(err)
         .and_then(|code| code.parse::<i32>().ok())
         .is_some_and(|code| code & 0xff == 5)

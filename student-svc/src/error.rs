@@ -1,6 +1,10 @@
 //! Everything a Student use case can fail with, and the one mapping to gRPC statuses.
 
-use platform::{db::is_transaction_conflict, status, validate::FieldViolation};
+use platform::{
+    db::{is_sqlite_busy, is_transaction_conflict},
+    status,
+    validate::FieldViolation,
+};
 use sea_orm::DbErr;
 use tonic::{Code, Status};
 #[cfg(test)]
@@ -72,6 +76,18 @@ impl From<Error> for Status {
                     "the database aborted this request in a conflict with a concurrent one; \
                      send it again",
                     "TRANSACTION_CONFLICT",
+                    DOMAIN,
+                )
+            }
+            // SQLite's write lock stayed taken past the busy timeout: nothing was written,
+            // and the same request may pass later.
+            Error::Db(cause) if is_sqlite_busy(&cause) => {
+                tracing::warn!(error = %cause, "database busy, answered UNAVAILABLE");
+                status::with_reason(
+                    Code::Unavailable,
+                    "the database was locked by other writers for longer than its busy \
+                     timeout; send the request again later",
+                    "DATABASE_BUSY",
                     DOMAIN,
                 )
             }

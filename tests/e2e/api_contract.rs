@@ -516,3 +516,46 @@ async fn a_transaction_the_database_aborted_in_a_conflict_is_aborted_not_interna
     }
     db.close().await.expect("close");
 }
+
+/// SQLite only (PostgreSQL locks rows, not the database): a request whose write waited for
+/// SQLite's one write lock past the busy timeout reaches the client of either service as
+/// UNAVAILABLE with reason `DATABASE_BUSY` (nothing was written; send it again later), not
+/// as the INTERNAL of a bug. The error is SQLite's own: a writer holds the lock, and a
+/// connection that waits not at all asks for it.
+#[tokio::test]
+async fn a_write_that_sqlite_kept_waiting_past_its_busy_timeout_is_unavailable_not_internal() {
+    let databases = crate::support::TestDatabases::create(Backend::Sqlite)
+        .await
+        .expect("a SQLite database");
+    let holder = platform::db::connect(&databases.student_url)
+        .await
+        .expect("connect");
+    let lock = platform::db::begin_write(&holder)
+        .await
+        .expect("the write lock");
+    let mut options = sea_orm::ConnectOptions::new(databases.student_url.clone());
+    options.map_sqlx_sqlite_opts(|o| o.busy_timeout(Duration::ZERO));
+    let impatient = sea_orm::Database::connect(options).await.expect("connect");
+    let busy = || async {
+        platform::db::begin_write(&impatient)
+            .await
+            .expect_err("the lock is taken")
+    };
+    for status in [
+        Status::from(student_svc::Error::Db(busy().await)),
+        Status::from(users_svc::Error::Db(busy().await)),
+    ] {
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(
+            status.get_details_error_info().map(|info| info.reason),
+            Some("DATABASE_BUSY".to_owned())
+        );
+    }
+    lock.rollback().await.expect("released");
+    platform::db::begin_write(&impatient)
+        .await
+        .expect("free again")
+        .rollback()
+        .await
+        .expect("rollback");
+}
