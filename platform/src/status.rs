@@ -44,6 +44,32 @@ pub fn internal() -> Status {
     Status::internal("internal error")
 }
 
+/// The answer to a failed database call of a service in `domain`. Two failures leave
+/// nothing written and may pass when the same request is sent again: PostgreSQL aborting
+/// the transaction in a conflict with a concurrent one (ABORTED `TRANSACTION_CONFLICT`), and
+/// SQLite's write lock staying taken past the busy timeout (UNAVAILABLE `DATABASE_BUSY`).
+/// Anything else is a bug: INTERNAL, the cause in the log only.
+pub fn database_error(cause: &sea_orm::DbErr, domain: &str) -> Status {
+    let (code, message, reason) = if crate::db::is_transaction_conflict(cause) {
+        (
+            Code::Aborted,
+            "the database aborted this request in a conflict with a concurrent one; send it again",
+            "TRANSACTION_CONFLICT",
+        )
+    } else if crate::db::is_sqlite_busy(cause) {
+        (
+            Code::Unavailable,
+            "the database was locked by other writers for longer than its busy timeout; send \
+             the request again later",
+            "DATABASE_BUSY",
+        )
+    } else {
+        return internal_error(cause);
+    };
+    tracing::warn!(error = %cause, reason, "database error a retry may pass");
+    with_reason(code, message, reason, domain)
+}
+
 /// Logs `cause` with its whole chain of sources, then returns a bare INTERNAL: the caller
 /// learns that it is a bug, never the SQL or data the cause may quote.
 pub fn internal_error(cause: &(dyn std::error::Error + 'static)) -> Status {

@@ -1,10 +1,6 @@
 //! Everything a Student use case can fail with, and the one mapping to gRPC statuses.
 
-use platform::{
-    db::{is_sqlite_busy, is_transaction_conflict},
-    status,
-    validate::FieldViolation,
-};
+use platform::{status, validate::FieldViolation};
 use sea_orm::DbErr;
 use tonic::{Code, Status};
 #[cfg(test)]
@@ -67,32 +63,9 @@ impl From<Error> for Status {
             ),
             // Users' own answer, passed on: its code is what the client acts on.
             Error::Users(users) => Status::new(users.code(), message),
-            // PostgreSQL aborted it in a conflict with a concurrent request (a deadlock):
-            // nothing of it stays, and the same request, with the same key, may pass.
-            Error::Db(cause) if is_transaction_conflict(&cause) => {
-                tracing::warn!(error = %cause, "transaction conflict, answered ABORTED");
-                status::with_reason(
-                    Code::Aborted,
-                    "the database aborted this request in a conflict with a concurrent one; \
-                     send it again",
-                    "TRANSACTION_CONFLICT",
-                    DOMAIN,
-                )
-            }
-            // SQLite's write lock stayed taken past the busy timeout: nothing was written,
-            // and the same request may pass later.
-            Error::Db(cause) if is_sqlite_busy(&cause) => {
-                tracing::warn!(error = %cause, "database busy, answered UNAVAILABLE");
-                status::with_reason(
-                    Code::Unavailable,
-                    "the database was locked by other writers for longer than its busy \
-                     timeout; send the request again later",
-                    "DATABASE_BUSY",
-                    DOMAIN,
-                )
-            }
-            // The cause goes to the log, never to the caller: it may hold SQL or data.
-            Error::Db(cause) => status::internal_error(&cause),
+            // Retryable ones (a PostgreSQL conflict, SQLite busy) say so; the cause of any
+            // other goes to the log, never to the caller: it may hold SQL or data.
+            Error::Db(cause) => status::database_error(&cause, DOMAIN),
         }
     }
 }
