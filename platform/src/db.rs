@@ -136,7 +136,8 @@ pub fn is_unique_violation(err: &DbErr) -> bool {
 /// between them (today it runs `then` first and the `WITH` after it), so neither may need
 /// the other's row, and the explicit transaction elsewhere locks unique keys in the other
 /// order: two writers of the same keys, one each way, can deadlock, and PostgreSQL then
-/// aborts one of them (its caller gets ABORTED, see [`is_transaction_conflict`]). SQLite has no `INSERT` inside `WITH`: there, use a transaction.
+/// aborts one of them (its caller gets ABORTED, see [`is_transaction_conflict`]). SQLite
+/// has no `INSERT` inside `WITH`: there, use a transaction.
 pub fn insert_both(first: InsertStatement, mut then: InsertStatement) -> InsertStatement {
     then.with_cte(
         WithClause::new()

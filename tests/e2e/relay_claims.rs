@@ -782,7 +782,7 @@ async fn write_rows(db: &sea_orm::DatabaseConnection, count: usize, status: &str
 /// After an outage of Users: statistics gathered while the outbox was quiet (every row
 /// `done`), then a backlog of 20,000 rows. A claim of 64 still does the work of 64 rows:
 /// one probe of `outbox_unfinished_by_student` per candidate, not a walk of the backlog per
-/// candidate (which PostgreSQL planned for the claim's former `NOT EXISTS`: 450 ms a claim).
+/// candidate (which PostgreSQL planned for the claim's former `NOT EXISTS`).
 /// Work is counted in pages read (PostgreSQL) or read off the plan (SQLite), never timed.
 async fn a_claim_after_a_quiet_spell_does_the_work_of_its_rows_not_of_the_backlog(
     backend: Backend,
@@ -861,6 +861,26 @@ async fn a_claim_after_a_quiet_spell_does_the_work_of_its_rows_not_of_the_backlo
         claimed.iter().map(|row| row.id).collect::<Vec<_>>(),
         oldest_pending
     );
+}
+
+/// `bench/pgbench/link.sql`, the drain's database-only ceiling, spells out the relay's claim
+/// of 32 rows; it must stay the statement the relay runs (from its first CTE to the row
+/// lock), or the ceiling measures something else.
+#[test]
+fn the_pgbench_link_script_claims_with_the_relays_own_statement() {
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let claim = |text: &str| {
+        let (start, end) = ("no_flush AS MATERIALIZED", "SKIP LOCKED)");
+        let from = text.find(start).expect("the claim's first CTE");
+        let to = text[from..].find(end).expect("the row lock") + from + end.len();
+        words(&text[from..to])
+    };
+    let relays = store::claim_statement(DbBackend::Postgres, "r", 32, Duration::ZERO);
+    let script = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/pgbench/link.sql"),
+    )
+    .expect("link.sql");
+    assert_eq!(claim(&script), claim(&relays.sql));
 }
 
 /// PostgreSQL only (SQLite has no NOTIFY): a relay that polls every 300 s delivers each new
