@@ -63,7 +63,7 @@ run() {
   shift 4
   ( cd "$dir" && CARGO_TARGET_DIR=$target cargo run -q --release -p loadgen -- \
       --backend "$backend" --json "$out/$side-$name.json" "$@" 2>>"$work/ab-drain.log" ) |
-    { grep -E '^(drain of|closed:|open loop|outbox:|direct:|  linked)' || true; } | sed "s/^/$side: /"
+    { grep -E '^(drain of|closed:|open loop|outbox, |direct, |  linked)' || true; } | sed "s/^/$side: /"
 }
 
 # The first run of each side builds it; not counted.
@@ -87,14 +87,14 @@ python3 - "$out" <<'EOF'
 import glob, json, statistics, sys
 
 def parts(mode, result):
-    """(group, result) for each result a mode wrote: `compare` holds one per link mode,
-    `suite`'s drains are a list."""
+    """(group, result) for each result a mode wrote: `compare` holds one per link mode
+    (per concurrency since it takes a list), `suite`'s drains are a list."""
     if isinstance(result, list):
         for each in result:
             yield from parts(mode, each)
     elif "outbox" in result:
         for name in ("outbox", "direct"):
-            yield f"{mode} {name}", result[name]
+            yield f"{mode} {name}, {result[name]['in_flight']} in flight", result[name]
     else:
         yield mode, result
 

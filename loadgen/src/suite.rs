@@ -3,6 +3,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::{
@@ -61,12 +62,13 @@ pub enum Mode {
         #[arg(long, default_value_t = 1)]
         relays: usize,
     },
-    /// The outbox flow and the direct (naive) flow at the same concurrency, in one run.
+    /// The outbox flow and the direct (naive) flow at the same concurrency, in one run: at
+    /// each of a list of concurrencies (`--in-flight 1,4,32`), outbox then direct.
     Compare {
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = 4000)]
         students: usize,
-        #[arg(long, default_value_t = 32)]
-        in_flight: usize,
+        #[arg(long, value_delimiter = ',', default_value = "4,32")]
+        in_flight: Vec<usize>,
     },
     /// What the database alone does with the system's own transactions.
     Ceiling {
@@ -95,8 +97,10 @@ pub enum Mode {
     },
     /// Everything BENCHMARKS.md reports, in one run, as ratios to the ceiling.
     Suite {
-        /// Rows in each backlog drained.
-        #[arg(long, default_value_t = 4000)]
+        /// Rows in each backlog drained, and CreateStudents in each closed-loop run (half
+        /// that in each comparison). Enough for several seconds each: with a few thousand a
+        /// fast machine measures mostly the processes' first second.
+        #[arg(long, default_value_t = 20_000)]
         backlog: usize,
         /// Seconds of each open-loop run and of each ceiling measurement.
         #[arg(long, default_value_t = 15)]
@@ -149,8 +153,7 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
             students,
             in_flight,
         } => {
-            let (outbox, direct) = compare(&backend, &env, *students, *in_flight).await?;
-            json!({ "compare": { "outbox": outbox, "direct": direct } })
+            json!({ "compare": compare(&backend, &env, *students, in_flight).await? })
         }
         Mode::Ceiling {
             create_clients,
@@ -225,23 +228,48 @@ async fn ceilings(
     Ok(json!({ "library": library, "pgbench": pgbench }))
 }
 
+/// The outbox flow beside the direct one at one concurrency.
+#[derive(Debug, Serialize)]
+struct Comparison {
+    in_flight: usize,
+    outbox: runs::ClosedRun,
+    direct: runs::ClosedRun,
+    /// Students the outbox flow linked per second ÷ CreateStudents direct completed per
+    /// second (a direct CreateStudent is linked when it returns).
+    linked_ratio: f64,
+    /// CreateStudent p50, outbox ÷ direct.
+    p50_ratio: f64,
+}
+
+/// Outbox, then direct, at each concurrency of `in_flight`, `students` CreateStudents each.
 async fn compare(
     backend: &Backend,
     env: &[(String, String)],
     students: usize,
-    in_flight: usize,
-) -> anyhow::Result<(runs::ClosedRun, runs::ClosedRun)> {
-    let outbox = runs::closed(backend, env, "outbox", 1, students, in_flight).await?;
-    print_closed("outbox", &outbox);
-    let direct = runs::closed(backend, env, "direct", 0, students, in_flight).await?;
-    print_closed("direct", &direct);
-    let linked = outbox.links.as_ref().map_or(0.0, |links| links.per_second);
-    println!(
-        "  outbox linked/s ÷ direct completed/s = {:.2}; CreateStudent p50 outbox ÷ direct = {:.2}",
-        ratio(linked, direct.create.per_second),
-        ratio(outbox.create.latency.p50_ms, direct.create.latency.p50_ms)
-    );
-    Ok((outbox, direct))
+    in_flight: &[usize],
+) -> anyhow::Result<Vec<Comparison>> {
+    let mut comparisons = Vec::new();
+    for &in_flight in in_flight {
+        let outbox = runs::closed(backend, env, "outbox", 1, students, in_flight).await?;
+        print_closed(&format!("outbox, {in_flight} in flight"), &outbox);
+        let direct = runs::closed(backend, env, "direct", 0, students, in_flight).await?;
+        print_closed(&format!("direct, {in_flight} in flight"), &direct);
+        let linked = outbox.links.as_ref().map_or(0.0, |links| links.per_second);
+        let comparison = Comparison {
+            in_flight,
+            linked_ratio: ratio(linked, direct.create.per_second),
+            p50_ratio: ratio(outbox.create.latency.p50_ms, direct.create.latency.p50_ms),
+            outbox,
+            direct,
+        };
+        println!(
+            "  {in_flight} in flight: outbox linked/s ÷ direct completed/s = {:.2}; \
+             CreateStudent p50 outbox ÷ direct = {:.2}",
+            comparison.linked_ratio, comparison.p50_ratio
+        );
+        comparisons.push(comparison);
+    }
+    Ok(comparisons)
 }
 
 async fn suite(
@@ -298,14 +326,14 @@ async fn suite(
         print_open(&run);
         opens.push(run);
     }
-    let (outbox, direct) = compare(backend, env, backlog / 2, 32).await?;
+    let comparisons = compare(backend, env, backlog / 2, &[4, 32]).await?;
     Ok(json!({
         "ceiling": ceilings,
         "create_alone": create_only,
         "drain": drains,
         "full_load": full,
         "open": opens,
-        "compare": { "outbox": outbox, "direct": direct },
+        "compare": comparisons,
     }))
 }
 
