@@ -34,6 +34,7 @@ on_both_backends!(
     direct_mode_loses_the_student_where_the_outbox_does_not,
     calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
     a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt,
+    a_relay_delivers_on_one_thread,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -144,6 +145,31 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
         "{}",
         String::from_utf8_lossy(&show.stderr)
     );
+}
+
+/// A relay runs on one thread (README, "One thread per relay"): once it has delivered, its
+/// process has its main thread and, on SQLite, sqlx's connection threads, and no thread of
+/// a multi-threaded Tokio runtime.
+async fn a_relay_delivers_on_one_thread(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.create_students(0..20).await;
+    stack.wait_until_all_linked(20).await;
+    let pid = stack.relays[0].pid();
+    let mut threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the relay's threads")
+        .map(|task| {
+            let comm = task.expect("a thread").path().join("comm");
+            std::fs::read_to_string(comm)
+                .expect("its name")
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    // SQLite connections each run on a thread of sqlx's own, outside the runtime.
+    threads.retain(|name| !name.starts_with("sqlx-sqlite"));
+    assert_eq!(threads, ["relay"]);
 }
 
 async fn a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing(backend: Backend) {
