@@ -10,7 +10,8 @@ use platform::{
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, NotSet, QueryFilter, QueryOrder, QuerySelect, QueryTrait, Set, TryIntoModel,
+    EntityTrait, NotSet, QueryFilter, QueryOrder, QuerySelect, QueryTrait, Set, Statement,
+    TryIntoModel,
 };
 use uuid::Uuid;
 
@@ -60,6 +61,37 @@ pub async fn create(
     bell: &RelayBell,
     new: NewStudentRow,
 ) -> Result<StudentView, DbErr> {
+    let (student, create_user) = new_rows(db.get_database_backend(), new);
+    let (student, create_user) =
+        if db.get_database_backend() == DbBackend::Postgres && !bell.rings_in_transaction() {
+            // Crash point: nothing is sent yet. The statement below is its own transaction, so
+            // there is no moment, committed or not, with one row and not the other.
+            failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
+            insert_together(db, student, create_user).await?
+        } else {
+            let txn = begin_write(db).await?;
+            let student = student.insert(&txn).await?;
+            let create_user = create_user.insert(&txn).await?;
+            bell.in_transaction(&txn).await?;
+            failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
+            // Crash point: before this commit nothing exists; after it, both rows do.
+            txn.commit().await?;
+            (student, create_user)
+        };
+    bell.after_commit();
+    failpoint::hit(failpoint::points::STUDENT_AFTER_COMMIT).await;
+    Ok(StudentView {
+        student,
+        create_user: Some(create_user),
+    })
+}
+
+/// The two rows CreateStudent writes: the student, and the outbox row that creates its
+/// login user.
+fn new_rows(
+    backend: DbBackend,
+    new: NewStudentRow,
+) -> (students::ActiveModel, outbox::ActiveModel) {
     let effect = Effect::CreateUser(CreateUserPayload {
         version: CreateUserPayload::VERSION,
         email: new.email.clone(),
@@ -70,7 +102,7 @@ pub async fn create(
     });
     // On PostgreSQL `available_at` is left to the column's `now()` default: the relays'
     // claims compare it with the database's clock, so it must come from that clock too.
-    let available_at = match db.get_database_backend() {
+    let available_at = match backend {
         DbBackend::Postgres => NotSet,
         _ => Set(new.created_at),
     };
@@ -105,28 +137,25 @@ pub async fn create(
         (new.created_at, available_at),
         new.traceparent,
     );
-    let (student, create_user) =
-        if db.get_database_backend() == DbBackend::Postgres && !bell.rings_in_transaction() {
-            // Crash point: nothing is sent yet. The statement below is its own transaction, so
-            // there is no moment, committed or not, with one row and not the other.
-            failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
-            insert_together(db, student, create_user).await?
-        } else {
-            let txn = begin_write(db).await?;
-            let student = student.insert(&txn).await?;
-            let create_user = create_user.insert(&txn).await?;
-            bell.in_transaction(&txn).await?;
-            failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
-            // Crash point: before this commit nothing exists; after it, both rows do.
-            txn.commit().await?;
-            (student, create_user)
-        };
-    bell.after_commit();
-    failpoint::hit(failpoint::points::STUDENT_AFTER_COMMIT).await;
-    Ok(StudentView {
-        student,
-        create_user: Some(create_user),
-    })
+    (student, create_user)
+}
+
+/// The statement CreateStudent runs on PostgreSQL (with the relays woken after the
+/// commit, the default), for the test that holds `bench/pgbench/create_student.sql` to it.
+pub fn create_statement(new: NewStudentRow) -> Statement {
+    let (student, create_user) = new_rows(DbBackend::Postgres, new);
+    together(student, create_user)
+}
+
+/// PostgreSQL: the student and its outbox row in ONE statement (see
+/// [`insert_together`]), returning the outbox row.
+fn together(student: students::ActiveModel, create_user: outbox::ActiveModel) -> Statement {
+    let mut statement = insert_both(
+        students::Entity::insert(student).into_query(),
+        outbox::Entity::insert(create_user).into_query(),
+    );
+    statement.returning_all();
+    DbBackend::Postgres.build(&statement)
 }
 
 /// PostgreSQL: the student and its outbox row in ONE statement (see
@@ -138,13 +167,8 @@ async fn insert_together(
     create_user: outbox::ActiveModel,
 ) -> Result<(students::Model, outbox::Model), DbErr> {
     let written = student.clone().try_into_model()?;
-    let mut statement = insert_both(
-        students::Entity::insert(student).into_query(),
-        outbox::Entity::insert(create_user).into_query(),
-    );
-    statement.returning_all();
     let row = outbox::Entity::find()
-        .from_raw_sql(db.get_database_backend().build(&statement))
+        .from_raw_sql(together(student, create_user))
         .one(db)
         .await?
         .ok_or(DbErr::RecordNotInserted)?;

@@ -449,3 +449,56 @@ async fn health_turns_not_serving_when_the_postgres_database_goes_away() {
         "the server as a whole too"
     );
 }
+
+/// The database-only ceiling's CreateStudent (`bench/pgbench/create_student.sql`) writes
+/// what student-svc writes on PostgreSQL: one statement, the student in a `WITH` and its
+/// outbox row after it, into the same columns. A column added to the service's write and
+/// not to the script (or the other way round) fails here, not silently in BENCHMARKS.md.
+#[test]
+fn the_pgbench_create_script_writes_the_columns_the_service_writes() {
+    let row = student_store::students::NewStudentRow {
+        id: Uuid::now_v7(),
+        first_name: "Ada".into(),
+        last_name: "Lovelace".into(),
+        email: "ada@example.edu".into(),
+        document_number: "D-1".into(),
+        client_key: Some("key-1".into()),
+        request_hash: "hash".into(),
+        created_at: platform::db::now(),
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+    };
+    let service = student_store::students::create_statement(row).sql;
+    let script = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../bench/pgbench/create_student.sql"),
+    )
+    .expect("create_student.sql");
+    let script: String = script
+        .lines()
+        .filter(|line| !line.starts_with("--") && !line.starts_with('\\'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for sql in [&service, &script] {
+        let sql = sql.replace('"', "");
+        assert!(sql.trim_start().starts_with("WITH first AS ("), "{sql}");
+        assert!(sql.contains("RETURNING"), "{sql}");
+    }
+    assert_eq!(inserts(&script), inserts(&service));
+}
+
+/// Each `INSERT INTO table (columns)` of `sql`, in order, identifiers unquoted and columns
+/// sorted (their order in the statement changes nothing the database does).
+fn inserts(sql: &str) -> Vec<(String, Vec<String>)> {
+    let sql = sql.replace('"', "");
+    sql.split("INSERT INTO ")
+        .skip(1)
+        .map(|rest| {
+            let (table, rest) = rest.split_once('(').expect("a column list");
+            let (columns, _) = rest.split_once(')').expect("its end");
+            let mut columns: Vec<String> =
+                columns.split(',').map(|c| c.trim().to_owned()).collect();
+            columns.sort();
+            (table.trim().to_owned(), columns)
+        })
+        .collect()
+}
