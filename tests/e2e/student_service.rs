@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::{
     on_both_backends,
-    support::{Backend, invariants::students_and_outbox_rows, spawn_app, student_request},
+    support::{Backend, invariants::students_and_outbox_rows, pgbench, spawn_app, student_request},
 };
 
 on_both_backends!(
@@ -468,37 +468,10 @@ fn the_pgbench_create_script_writes_the_columns_the_service_writes() {
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
     };
     let service = student_store::students::create_statement(row).sql;
-    let script = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../bench/pgbench/create_student.sql"),
-    )
-    .expect("create_student.sql");
-    let script: String = script
-        .lines()
-        .filter(|line| !line.starts_with("--") && !line.starts_with('\\'))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let script = pgbench::script("create_student.sql");
     for sql in [&service, &script] {
-        let sql = sql.replace('"', "");
-        assert!(sql.trim_start().starts_with("WITH first AS ("), "{sql}");
+        assert!(pgbench::inserts_both_in_one_statement(sql), "{sql}");
         assert!(sql.contains("RETURNING"), "{sql}");
     }
-    assert_eq!(inserts(&script), inserts(&service));
-}
-
-/// Each `INSERT INTO table (columns)` of `sql`, in order, identifiers unquoted and columns
-/// sorted (their order in the statement changes nothing the database does).
-fn inserts(sql: &str) -> Vec<(String, Vec<String>)> {
-    let sql = sql.replace('"', "");
-    sql.split("INSERT INTO ")
-        .skip(1)
-        .map(|rest| {
-            let (table, rest) = rest.split_once('(').expect("a column list");
-            let (columns, _) = rest.split_once(')').expect("its end");
-            let mut columns: Vec<String> =
-                columns.split(',').map(|c| c.trim().to_owned()).collect();
-            columns.sort();
-            (table.trim().to_owned(), columns)
-        })
-        .collect()
+    assert_eq!(pgbench::inserts(&script), pgbench::inserts(&service));
 }

@@ -15,7 +15,7 @@ use crate::{
         Backend,
         app::{AppOptions, spawn_app_with},
         invariants::users_and_inbox_rows,
-        spawn_app,
+        pgbench, spawn_app,
     },
 };
 
@@ -491,3 +491,26 @@ async fn get_user_returns_the_user_or_names_the_problem(backend: Backend) {
 
 /// Turns a valid request into one with a single invalid field.
 type Spoil = fn(&mut CreateUserRequest);
+
+/// The database-only ceiling's CreateUser (`bench/pgbench/create_user.sql`) writes what
+/// users-svc writes for a first delivery on PostgreSQL: one statement, the user in a
+/// `WITH` and its inbox row after it, into the same columns.
+#[test]
+fn the_pgbench_create_user_script_writes_the_columns_the_service_writes() {
+    let new = users_svc::NewUser {
+        idempotency_key: "key-1".into(),
+        email: "ada@example.edu".into(),
+        first_name: "Ada".into(),
+        last_name: "Lovelace".into(),
+        document_number: "D-1".into(),
+        student_id: Uuid::now_v7(),
+    };
+    let service = users_svc::create_user::create_statement(&new)
+        .expect("a statement")
+        .sql;
+    let script = pgbench::script("create_user.sql");
+    for sql in [&service, &script] {
+        assert!(pgbench::inserts_both_in_one_statement(sql), "{sql}");
+    }
+    assert_eq!(pgbench::inserts(&script), pgbench::inserts(&service));
+}

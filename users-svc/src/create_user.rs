@@ -10,7 +10,7 @@ use platform::{
 };
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
-    QueryTrait, Set,
+    QueryTrait, Set, Statement,
 };
 use tonic::Code;
 use uuid::Uuid;
@@ -87,6 +87,31 @@ async fn insert_user_with_inbox(
     request: inbox::Request<'_>,
     saved_at: chrono::DateTime<chrono::Utc>,
 ) -> Result<Uuid, sea_orm::DbErr> {
+    let (user_id, user, answer) = new_rows(new, request, saved_at)?;
+    if db.get_database_backend() == DbBackend::Postgres {
+        // Crash point: nothing is sent yet. The statement is its own transaction.
+        failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
+        db.execute_raw(together(user, answer)).await?;
+    } else {
+        let txn = begin_write(db).await?;
+        user.insert(&txn).await?;
+        answer.insert(&txn).await?;
+        failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
+        // Crash point: before this commit nothing exists; after it, the user and the
+        // answer that any redelivery of this key will get.
+        txn.commit().await?;
+    }
+    failpoint::hit(failpoint::points::USERS_AFTER_COMMIT).await;
+    Ok(user_id)
+}
+
+/// The two rows a CreateUser writes: a new user, and the inbox row that saves the answer
+/// (its id) under the key.
+fn new_rows(
+    new: &NewUser,
+    request: inbox::Request<'_>,
+    saved_at: chrono::DateTime<chrono::Utc>,
+) -> Result<(Uuid, users::ActiveModel, inbox_row::ActiveModel), DbErr> {
     let user_id = Uuid::now_v7();
     let user = users::ActiveModel {
         id: Set(user_id),
@@ -101,36 +126,28 @@ async fn insert_user_with_inbox(
         source_version: Set(1),
     };
     let answer = inbox::entry(request, &SavedOutcome::Created { user_id }, saved_at)?;
-    if db.get_database_backend() == DbBackend::Postgres {
-        // Crash point: nothing is sent yet. The statement is its own transaction.
-        failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
-        insert_together(db, user, answer).await?;
-    } else {
-        let txn = begin_write(db).await?;
-        user.insert(&txn).await?;
-        answer.insert(&txn).await?;
-        failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
-        // Crash point: before this commit nothing exists; after it, the user and the
-        // answer that any redelivery of this key will get.
-        txn.commit().await?;
-    }
-    failpoint::hit(failpoint::points::USERS_AFTER_COMMIT).await;
-    Ok(user_id)
+    Ok((user_id, user, answer))
+}
+
+/// The statement a first CreateUser runs on PostgreSQL, for the test that holds
+/// `bench/pgbench/create_user.sql` to it.
+pub fn create_statement(new: &NewUser) -> Result<Statement, DbErr> {
+    let request_hash = new.request_hash();
+    let request = inbox::Request {
+        key: &new.idempotency_key,
+        request_hash: &request_hash,
+    };
+    let (_, user, answer) = new_rows(new, request, now())?;
+    Ok(together(user, answer))
 }
 
 /// PostgreSQL: the user and its inbox row in ONE statement (see
 /// [`platform::db::insert_both`]), one round trip instead of four.
-async fn insert_together(
-    db: &DatabaseConnection,
-    user: users::ActiveModel,
-    answer: inbox_row::ActiveModel,
-) -> Result<(), DbErr> {
-    let statement = insert_both(
+fn together(user: users::ActiveModel, answer: inbox_row::ActiveModel) -> Statement {
+    DbBackend::Postgres.build(&insert_both(
         users::Entity::insert(user).into_query(),
         InboxEntity::insert(answer).into_query(),
-    );
-    db.execute(&statement).await?;
-    Ok(())
+    ))
 }
 
 fn document_number_taken() -> SavedOutcome {

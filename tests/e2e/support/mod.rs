@@ -6,6 +6,7 @@ pub mod certs;
 pub mod databases;
 pub mod invariants;
 pub mod metrics;
+pub mod pgbench;
 pub mod proxy;
 pub mod stack;
 
