@@ -45,6 +45,8 @@ checkout() {
     echo "$root ${CARGO_TARGET_DIR:-$root/target}"
     return
   fi
+  # Resolved here: inside a worktree, `HEAD` would name the worktree's own commit.
+  commit=$(git -C "$root" rev-parse --verify "$commit^{commit}")
   local dir=$work/$name
   if [ -d "$dir" ]; then
     git -C "$dir" checkout -q --detach "$commit"

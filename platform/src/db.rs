@@ -39,6 +39,16 @@ pub async fn connect(url: &str) -> anyhow::Result<DatabaseConnection> {
 /// points to. (`NORMAL` in WAL mode may lose the last commits, and the Student and Users
 /// files would lose them independently.)
 pub async fn connect_with(url: &str, max_connections: u32) -> anyhow::Result<DatabaseConnection> {
+    connect_with_settings(url, max_connections, &[]).await
+}
+
+/// [`connect_with`], every PostgreSQL connection of the pool starting with `settings`
+/// (run-time parameters, `name = value`, as `SET` would give them; SQLite ignores them).
+pub async fn connect_with_settings(
+    url: &str,
+    max_connections: u32,
+    settings: &'static [(&'static str, &'static str)],
+) -> anyhow::Result<DatabaseConnection> {
     let mut options = ConnectOptions::new(url);
     options
         .max_connections(max_connections.max(1))
@@ -52,6 +62,9 @@ pub async fn connect_with(url: &str, max_connections: u32) -> anyhow::Result<Dat
         // the pool on every busy path (a replay is one statement, so this halves its trips).
         .test_before_acquire_if_idle_for(IDLE_BEFORE_PING)
         .sqlx_logging(false);
+    if !settings.is_empty() {
+        options.map_sqlx_postgres_opts(move |o| o.options(settings.iter().copied()));
+    }
     if is_sqlite(url) {
         create_parent_dir(url)?;
         // (sea-orm would default a SQLite pool to one connection: a second concurrent

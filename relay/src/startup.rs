@@ -7,7 +7,8 @@ use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 
 /// Opens the Student DB once it is reachable and its schema is in place (student-svc
-/// applies it), so the relay can start before the database and the service. Logs why it
+/// applies it), so the relay can start before the database and the service. Its
+/// connections are set up for claiming ([`student_store::outbox::CLAIMING_SESSION`]). Logs why it
 /// waits, again whenever the reason changes. Returns `None` if `shutdown` came first.
 pub async fn open_when_ready(
     url: &str,
@@ -18,7 +19,13 @@ pub async fn open_when_ready(
     let mut connection = None;
     loop {
         let reason = match &connection {
-            None => match platform::db::connect_with(url, max_connections).await {
+            None => match platform::db::connect_with_settings(
+                url,
+                max_connections,
+                student_store::outbox::CLAIMING_SESSION,
+            )
+            .await
+            {
                 Ok(db) => {
                     connection = Some(db);
                     continue;

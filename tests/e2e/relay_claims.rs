@@ -883,6 +883,57 @@ fn the_pgbench_link_script_claims_with_the_relays_own_statement() {
     assert_eq!(claim(&script), claim(&relays.sql));
 }
 
+/// PostgreSQL only: a brand-new outbox, never analyzed, behind a backlog. The relay's own
+/// connections (`relay::open_when_ready`, set up by `outbox::CLAIMING_SESSION`) claim by
+/// walking `outbox_claimable` in id order. A connection without that setting planned a
+/// bitmap scan and a sort of every due row there (BENCHMARKS.md, "A brand-new outbox").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_new_outbox_the_relays_claim_walks_the_index_in_id_order() {
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    let db = &app.student_db;
+    // Statistics must not arrive under the test: autovacuum would analyze the table.
+    db.execute_unprepared("ALTER TABLE outbox SET (autovacuum_enabled = false)")
+        .await
+        .expect("no autovacuum");
+    write_rows(db, 20_000, "pending").await;
+    let reltuples: f32 = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT reltuples FROM pg_class WHERE relname = 'outbox'",
+        ))
+        .await
+        .expect("pg_class")
+        .expect("a row")
+        .try_get_by_index(0)
+        .expect("reltuples");
+    assert_eq!(reltuples, -1.0, "the outbox has never been analyzed");
+
+    let relay_db = relay::open_when_ready(&app.databases.student_url, 1, &CancellationToken::new())
+        .await
+        .expect("the relay's connection");
+    let claim = store::claim_statement(DbBackend::Postgres, "relay-a", 32, Duration::from_secs(60));
+    let explain = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        format!("EXPLAIN (COSTS OFF) {}", claim.sql),
+        claim.values.map(|values| values.0).unwrap_or_default(),
+    );
+    let plan: Vec<String> = relay_db
+        .query_all_raw(explain)
+        .await
+        .expect("explain")
+        .iter()
+        .map(|row| row.try_get_by_index::<String>(0).expect("a plan line"))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("Index Scan using outbox_claimable on outbox candidate"),
+        "{plan}"
+    );
+    assert!(!plan.contains("Bitmap"), "{plan}");
+}
+
 /// PostgreSQL only (SQLite has no NOTIFY): a relay that polls every 300 s delivers each new
 /// row within seconds, woken by the NOTIFY student-svc sends, after the commit (the
 /// default) or inside the transaction.
