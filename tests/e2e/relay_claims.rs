@@ -803,11 +803,7 @@ async fn a_claim_after_a_quiet_spell_does_the_work_of_its_rows_not_of_the_backlo
     );
     match db.get_database_backend() {
         DbBackend::Postgres => {
-            let explain = Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}", claim.sql),
-                claim.values.map(|values| values.0).unwrap_or_default(),
-            );
+            let explain = explained("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)", claim);
             let transaction = db.begin().await.expect("begin");
             let plan: serde_json::Value = transaction
                 .query_one_raw(explain)
@@ -826,11 +822,7 @@ async fn a_claim_after_a_quiet_spell_does_the_work_of_its_rows_not_of_the_backlo
             assert!(pages < 10_000, "a claim of 64 read {pages} pages: {plan:#}");
         }
         _ => {
-            let explain = Statement::from_sql_and_values(
-                DbBackend::Sqlite,
-                format!("EXPLAIN QUERY PLAN {}", claim.sql),
-                claim.values.map(|values| values.0).unwrap_or_default(),
-            );
+            let explain = explained("EXPLAIN QUERY PLAN", claim);
             let details: Vec<String> = db
                 .query_all_raw(explain)
                 .await
@@ -883,6 +875,15 @@ fn the_pgbench_link_script_claims_with_the_relays_own_statement() {
     assert_eq!(claim(&script), claim(&relays.sql));
 }
 
+/// `statement` behind `explain` (`EXPLAIN …` of its backend), with its values.
+fn explained(explain: &str, statement: Statement) -> Statement {
+    Statement::from_sql_and_values(
+        statement.db_backend,
+        format!("{explain} {}", statement.sql),
+        statement.values.map(|values| values.0).unwrap_or_default(),
+    )
+}
+
 /// PostgreSQL only: a brand-new outbox, never analyzed, behind a backlog. The relay's own
 /// connections (`relay::open_when_ready`, set up by `outbox::CLAIMING_SESSION`) claim by
 /// walking `outbox_claimable` in id order. A connection without that setting planned a
@@ -914,13 +915,8 @@ async fn on_a_new_outbox_the_relays_claim_walks_the_index_in_id_order() {
         .await
         .expect("the relay's connection");
     let claim = store::claim_statement(DbBackend::Postgres, "relay-a", 32, Duration::from_secs(60));
-    let explain = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        format!("EXPLAIN (COSTS OFF) {}", claim.sql),
-        claim.values.map(|values| values.0).unwrap_or_default(),
-    );
     let plan: Vec<String> = relay_db
-        .query_all_raw(explain)
+        .query_all_raw(explained("EXPLAIN (COSTS OFF)", claim))
         .await
         .expect("explain")
         .iter()
