@@ -71,6 +71,20 @@ async fn mark_held_rows_done(
     relay_id: &str,
     deliveries: &[(outbox::Model, Delivered)],
 ) -> Result<Vec<i64>, DbErr> {
+    let rows = txn
+        .query_all_raw(done_statement(backend, relay_id, deliveries))
+        .await?;
+    rows.iter()
+        .map(|row| row.try_get::<i64>("", "id"))
+        .collect()
+}
+
+/// The text and values of statement 1.
+pub(crate) fn done_statement(
+    backend: DbBackend,
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> Statement {
     let mut sql = Sql::new(backend);
     let answered = sql.values_list(deliveries.iter().map(|(row, delivered)| {
         [
@@ -97,10 +111,7 @@ async fn mark_held_rows_done(
         processing = sql.bind(OutboxStatus::Processing.to_value()),
         relay = sql.bind(relay_id),
     );
-    let rows = txn.query_all_raw(sql.statement(text)).await?;
-    rows.iter()
-        .map(|row| row.try_get::<i64>("", "id"))
-        .collect()
+    sql.statement(text)
 }
 
 /// Statement 2: each student of `held` raises its `synced_version` to its row's (never
@@ -112,6 +123,17 @@ async fn link_students(
     backend: DbBackend,
     held: &[&(outbox::Model, Delivered)],
 ) -> Result<usize, DbErr> {
+    Ok(txn
+        .query_all_raw(link_statement(backend, held))
+        .await?
+        .len())
+}
+
+/// The text and values of statement 2.
+pub(crate) fn link_statement(
+    backend: DbBackend,
+    held: &[&(outbox::Model, Delivered)],
+) -> Statement {
     let mut sql = Sql::new(backend);
     let answered = sql.values_list(held.iter().map(|(row, delivered)| {
         [
@@ -138,7 +160,7 @@ async fn link_students(
         RETURNING id"#,
         at = sql.bind(now()),
     );
-    Ok(txn.query_all_raw(sql.statement(text)).await?.len())
+    sql.statement(text)
 }
 
 /// SQL text with its bound values, placeholders spelled for the backend (`$1` or `?`) in

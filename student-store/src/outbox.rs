@@ -190,6 +190,21 @@ pub async fn record_delivery(
     finish_delivery(db, row, finish, delivered).await
 }
 
+/// The two statements a group commit of `deliveries` runs when every row is still held
+/// (see `finish_many`): the rows become `done`, then their students are linked. For the
+/// test that holds `bench/pgbench/link.sql` to them.
+pub fn record_statements(
+    backend: DbBackend,
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> [Statement; 2] {
+    let held: Vec<_> = deliveries.iter().collect();
+    [
+        finish_many::done_statement(backend, relay_id, deliveries),
+        finish_many::link_statement(backend, &held),
+    ]
+}
+
 /// What [`record_deliveries`] did: each row's result, in order, and how it got there.
 #[derive(Debug)]
 pub struct Recorded {

@@ -24,7 +24,7 @@ use crate::{
         app::test_tuning,
         eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
-        refusing_addr, spawn_app, student_request,
+        pgbench, refusing_addr, spawn_app, student_request,
     },
 };
 
@@ -928,6 +928,43 @@ async fn on_a_new_outbox_the_relays_claim_walks_the_index_in_id_order() {
         "{plan}"
     );
     assert!(!plan.contains("Bitmap"), "{plan}");
+}
+
+/// PostgreSQL only: the group commit in `bench/pgbench/link.sql` (after its claim) is the
+/// relay's: the same two statements, rows made `done` under the same fence, then their
+/// students linked, once values are set aside (the script picks its rows with a
+/// sub-select where the relay binds a `VALUES` list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_pgbench_link_script_records_as_the_relays_group_commit_does() {
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    create_students(&app, 0..2).await;
+    let claimed = store::claim_batch(&app.student_db, "bench", 2, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    let deliveries: Vec<_> = claimed
+        .into_iter()
+        .map(|row| (row, store::Delivered::UserCreated(uuid::Uuid::now_v7())))
+        .collect();
+    let relays: Vec<String> = store::record_statements(DbBackend::Postgres, "bench", &deliveries)
+        .iter()
+        .map(|statement| pgbench::shapes(&statement.sql).remove(0))
+        .collect();
+    let script: Vec<String> = pgbench::shapes(&pgbench::script("link.sql"))
+        .into_iter()
+        .filter(|shape| shape.starts_with("WITH answered"))
+        .collect();
+    // The CTE's columns and everything from the UPDATE on.
+    let what = |shape: &String| {
+        let columns = &shape[..shape.find(" AS (").expect("a CTE")];
+        let update = &shape[shape.find("UPDATE").expect("an UPDATE")..];
+        format!("{columns} … {update}")
+    };
+    assert_eq!(
+        script.iter().map(what).collect::<Vec<_>>(),
+        relays.iter().map(what).collect::<Vec<_>>()
+    );
 }
 
 /// PostgreSQL only (SQLite has no NOTIFY): a relay that polls every 300 s delivers each new

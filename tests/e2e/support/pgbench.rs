@@ -37,3 +37,43 @@ pub fn inserts_both_in_one_statement(sql: &str) -> bool {
     let sql = sql.replace('"', "");
     sql.trim_start().starts_with("WITH first AS (") && sql.matches("INSERT INTO ").count() == 2
 }
+
+/// The statements of `sql` (split at `;`) from their `WITH` on, with every value written
+/// the same way: `$n` placeholders, string literals and `now()` become `?`, whitespace one
+/// space. What is left is what a statement does: the tables, columns, joins and fences.
+pub fn shapes(sql: &str) -> Vec<String> {
+    sql.split(';')
+        .filter_map(|statement| statement.find("WITH").map(|at| &statement[at..]))
+        .map(shape)
+        .collect()
+}
+
+fn shape(statement: &str) -> String {
+    let statement = statement.replace("now()", "?");
+    let mut out = String::with_capacity(statement.len());
+    let mut chars = statement.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                for inner in chars.by_ref() {
+                    if inner == '\'' {
+                        break;
+                    }
+                }
+                out.push('?');
+            }
+            '$' if chars.peek().is_some_and(char::is_ascii_digit) => {
+                while chars.peek().is_some_and(char::is_ascii_digit) {
+                    chars.next();
+                }
+                out.push('?');
+            }
+            _ => out.push(c),
+        }
+    }
+    out.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace("( ", "(")
+        .replace(" )", ")")
+}
