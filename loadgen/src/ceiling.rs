@@ -278,10 +278,7 @@ async fn link_a_batch(db: &DatabaseConnection) -> anyhow::Result<usize> {
 /// The one number `sql` selects.
 async fn count(db: &DatabaseConnection, sql: &str) -> anyhow::Result<u64> {
     let row = db
-        .query_one_raw(sea_orm::Statement::from_string(
-            db.get_database_backend(),
-            sql,
-        ))
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
         .await?
         .context("a count")?;
     Ok(u64::try_from(row.try_get_by_index::<i64>(0)?)?)

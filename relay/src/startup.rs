@@ -8,8 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Opens the Student DB once it is reachable and its schema is in place (student-svc
 /// applies it), so the relay can start before the database and the service. Its
-/// connections are set up for claiming ([`student_store::outbox::CLAIMING_SESSION`]). Logs why it
-/// waits, again whenever the reason changes. Returns `None` if `shutdown` came first.
+/// connections are set up for claiming ([`student_store::outbox::CLAIMING_SESSION`]).
+/// Logs why it waits, again whenever the reason changes. Returns `None` if `shutdown`
+/// came first.
 pub async fn open_when_ready(
     url: &str,
     max_connections: u32,

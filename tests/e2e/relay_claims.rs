@@ -868,11 +868,7 @@ fn the_pgbench_link_script_claims_with_the_relays_own_statement() {
         words(&text[from..to])
     };
     let relays = store::claim_statement(DbBackend::Postgres, "r", 32, Duration::ZERO);
-    let script = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/pgbench/link.sql"),
-    )
-    .expect("link.sql");
-    assert_eq!(claim(&script), claim(&relays.sql));
+    assert_eq!(claim(&pgbench::script("link.sql")), claim(&relays.sql));
 }
 
 /// `statement` behind `explain` (`EXPLAIN …` of its backend), with its values.
