@@ -13,6 +13,13 @@ pub fn to_proto(at: DateTime<Utc>) -> Timestamp {
     }
 }
 
+/// Decodes a protobuf `Timestamp`; `None` when it lies outside what a UTC time can hold or
+/// its nanoseconds are out of range.
+pub fn from_proto(at: &Timestamp) -> Option<DateTime<Utc>> {
+    let nanos = u32::try_from(at.nanos).ok()?;
+    DateTime::from_timestamp(at.seconds, nanos)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -27,5 +34,15 @@ mod tests {
                 nanos: 123_456_000
             }
         );
+        assert_eq!(from_proto(&to_proto(at)), Some(at));
+    }
+
+    #[test]
+    fn negative_nanoseconds_are_refused() {
+        let at = Timestamp {
+            seconds: 1_764_547_200,
+            nanos: -1,
+        };
+        assert_eq!(from_proto(&at), None);
     }
 }

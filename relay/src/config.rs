@@ -20,14 +20,20 @@ pub struct RunConfig {
     /// at once).
     #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_size: u16,
-    /// Calls to Users in flight at once. A claim takes at most this many rows, so every
-    /// claimed row is sent at once. Each row spends most of its time waiting (on Users, on
+    /// Rows in flight at once (in calls of their own or in CreateUsers calls, see
+    /// --rows-per-call). A claim takes at most this many rows, so every claimed row is sent
+    /// at once. Each row spends most of its time waiting (on Users, on
     /// a commit), so more in flight means more throughput until a database is saturated
     /// (BENCHMARKS.md); keep the sum over all relays within users-svc's
     /// --max-concurrent-requests (512: four relays at the default), or the excess is shed
     /// and retried.
     #[arg(long, env = "RELAY_CONCURRENCY", default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
+    /// Most `create-user` rows sent to Users in one CreateUsers call (one Users transaction
+    /// for the rows it executes, instead of one call and one transaction per row). 1 sends
+    /// every row in a CreateUser call of its own. At most 100 (Users' limit).
+    #[arg(long, env = "RELAY_ROWS_PER_CALL", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub rows_per_call: u16,
     /// How long a claimed row stays reserved for this relay; after that another relay may
     /// claim it. At least --call-timeout plus half of it (and plus 250ms at least).
     #[arg(long, env = "RELAY_LEASE", default_value = "15s", value_parser = humantime::parse_duration)]
@@ -96,6 +102,7 @@ impl Default for RunConfig {
             poll_interval: Duration::from_millis(250),
             batch_size: 64,
             concurrency: 128,
+            rows_per_call: 16,
             lease: Duration::from_secs(15),
             call_timeout: Duration::from_secs(5),
             max_attempts: 100,

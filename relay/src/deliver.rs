@@ -2,7 +2,10 @@
 //! record the answer (the continuous loop around it is `pipeline.rs`). Delivery is
 //! at-least-once; Users' inbox makes the effect exactly-once.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::{Arc, atomic::AtomicBool},
+    time::Instant,
+};
 
 use futures::StreamExt as _;
 use platform::{
@@ -62,9 +65,12 @@ pub struct Relay {
     /// Inside [`Relay::run`]: where answered rows go to be recorded together (see
     /// `finalize.rs`). `None`: each row is recorded on its own.
     pub(crate) finalizer: Option<crate::finalize::Finalizer>,
-    /// How many calls may be in flight now: up to `config.concurrency`, fewer while Users
+    /// How many rows may be in flight now: up to `config.concurrency`, fewer while Users
     /// sheds calls (see `budget.rs`).
     pub(crate) budget: Arc<CallBudget>,
+    /// Set once Users turned out not to serve CreateUsers (an older Users): every row is
+    /// then sent in a call of its own (see `deliver_many.rs`).
+    pub(crate) one_row_per_call: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -77,6 +83,7 @@ impl Relay {
             id: format!("relay-{}-{}", std::process::id(), &random[..8]),
             finalizer: None,
             budget: Arc::new(CallBudget::new(usize::from(config.concurrency))),
+            one_row_per_call: Arc::new(AtomicBool::new(false)),
             config,
         }
     }
@@ -94,6 +101,21 @@ impl Relay {
         u32::from(self.config.batch_size.min(self.config.concurrency))
     }
 
+    /// Splits claimed rows into the groups sent together (see `deliver_many.rs`): at most
+    /// --rows-per-call each, and as even as that allows, so that the calls of one claim
+    /// finish about together.
+    pub(crate) fn calls_of(&self, mut rows: Vec<outbox_row::Model>) -> Vec<Vec<outbox_row::Model>> {
+        let per_call = usize::from(self.config.rows_per_call).max(1);
+        let calls = rows.len().div_ceil(per_call);
+        let mut groups = Vec::with_capacity(calls);
+        for left in (1..=calls).rev() {
+            let take = rows.len().div_ceil(left);
+            let rest = rows.split_off(take);
+            groups.push(std::mem::replace(&mut rows, rest));
+        }
+        groups
+    }
+
     /// Like [`Relay::deliver_batch`]; once `shutdown` is cancelled, rows not yet sent are
     /// released instead, while calls already in flight finish (each within its deadline).
     pub async fn deliver_batch_until(
@@ -105,14 +127,18 @@ impl Relay {
             claimed: rows.len(),
             ..BatchOutcome::default()
         };
-        let results: Vec<_> = futures::stream::iter(rows)
-            .map(|row| async move {
+        let results: Vec<_> = futures::stream::iter(self.calls_of(rows))
+            .map(|rows| async move {
                 if shutdown.is_cancelled() {
-                    return Ok((Delivery::Unsent, row.id));
+                    return rows
+                        .into_iter()
+                        .map(|row| Ok((Delivery::Unsent, row.id)))
+                        .collect();
                 }
-                self.send_within_lease(row, lease_ends).await
+                self.send_rows_within_lease(rows, lease_ends).await
             })
             .buffer_unordered(usize::from(self.config.concurrency))
+            .flat_map(futures::stream::iter)
             .collect()
             .await;
         let mut unsent = Vec::new();
@@ -209,15 +235,31 @@ impl Relay {
                 return self.fail(&row, FailureKind::Rejected, &problem).await;
             }
         };
-        let answer = match self.call_users(&row, &effect, trace, lease_ends).await {
+        let answer = self
+            .call_until_answered(lease_ends, || {
+                self.users.deliver(Key::of(&row, trace), &effect, false)
+            })
+            .await;
+        self.conclude(&row, &effect, answer).await
+    }
+
+    /// Records what Users answered to `row`'s call: the user linked and the row done, or
+    /// the failure handled (retried, failed, given back).
+    pub(crate) async fn conclude(
+        &self,
+        row: &outbox_row::Model,
+        effect: &Effect,
+        answer: Result<users_client::Answer, tonic::Status>,
+    ) -> anyhow::Result<Delivery> {
+        let answer = match answer {
             Ok(answer) => answer,
-            Err(status) => return self.record_error(&row, &status).await,
+            Err(status) => return self.record_error(row, &status).await,
         };
         failpoint::hit(points::RELAY_BEFORE_FINALIZE).await;
-        let delivered = Delivered::of(&effect, answer.user_id);
+        let delivered = Delivered::of(effect, answer.user_id);
         let recorded = match &self.finalizer {
-            Some(finalizer) => finalizer.record(&row, delivered).await,
-            None => outbox::record_delivery(&self.db, &row, &self.id, delivered).await,
+            Some(finalizer) => finalizer.record(row, delivered).await,
+            None => outbox::record_delivery(&self.db, row, &self.id, delivered).await,
         };
         match recorded {
             Ok(()) => {
@@ -264,27 +306,30 @@ impl Relay {
                     _ => "LINK_CONFLICT",
                 };
                 let problem = Problem::new(code, err.to_string());
-                self.fail(&row, FailureKind::Rejected, &problem).await
+                self.fail(row, FailureKind::Rejected, &problem).await
             }
             Err(RecordError::Db(err)) => Err(err.into()),
         }
     }
 
-    /// Sends `row` to Users. A call Users sheds (RESOURCE_EXHAUSTED: over its
-    /// `--max-concurrent-requests`, nothing judged) makes this relay send fewer calls at once
-    /// and is sent again after the wait Users asked for (jittered, so shed calls do not come
-    /// back together), as long as the lease still covers it: a shed costs one refused call,
-    /// not a write. A shed answer that the lease cannot cover is returned as is.
-    async fn call_users(
+    /// Makes a call to Users (`call` makes it afresh each time). A call Users sheds
+    /// (RESOURCE_EXHAUSTED: over its `--max-concurrent-requests`, nothing judged) makes this
+    /// relay send fewer calls at once and is sent again after the wait Users asked for
+    /// (jittered, so shed calls do not come back together), as long as the lease still
+    /// covers it: a shed costs one refused call, not a write. A shed answer that the lease
+    /// cannot cover is returned as is.
+    pub(crate) async fn call_until_answered<T, F, Fut>(
         &self,
-        row: &outbox_row::Model,
-        effect: &Effect,
-        trace: TraceContext,
         lease_ends: Instant,
-    ) -> Result<users_client::Answer, tonic::Status> {
+        mut call: F,
+    ) -> Result<T, tonic::Status>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
         loop {
             let call_started = Instant::now();
-            let answer = self.users.deliver(Key::of(row, trace), effect, false).await;
+            let answer = call().await;
             metrics::users_call(call_started.elapsed());
             let status = match answer {
                 Err(status) if status.code() == Code::ResourceExhausted => status,
@@ -301,7 +346,7 @@ impl Relay {
             if Instant::now() + wait + self.config.call_timeout >= lease_ends {
                 return Err(status);
             }
-            tracing::debug!(outbox_id = row.id, retry_in = ?wait, "call shed by Users; sending it again");
+            tracing::debug!(retry_in = ?wait, "call shed by Users; sending it again");
             tokio::time::sleep(wait).await;
         }
     }
@@ -408,7 +453,7 @@ pub(crate) enum Delivery {
 }
 
 impl Delivery {
-    fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         match self {
             Self::Delivered { replayed: false } => Outcome::Linked,
             Self::Delivered { replayed: true } => Outcome::Replayed,

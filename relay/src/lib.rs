@@ -1,5 +1,6 @@
 //! The relay: delivers the Student DB's outbox to the Users service. It reads `pending`
-//! rows, calls `CreateUser` with each row's stored idempotency key (never holding a
+//! rows, calls `CreateUser` (or `CreateUsers` for many rows at once) with each row's stored
+//! idempotency key (never holding a
 //! transaction open across the call), then links the returned user to the student and
 //! marks the row `done` in one Student-DB transaction. It also replays past deliveries
 //! (`relay replay`) and reports the outbox (`relay status`).
@@ -14,6 +15,7 @@ pub mod classify;
 pub mod cli;
 mod config;
 mod deliver;
+mod deliver_many;
 mod finalize;
 pub mod metrics;
 mod pipeline;

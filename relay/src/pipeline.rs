@@ -10,8 +10,12 @@
 //! awaits, a finalize holding SQLite's write lock could wait for the loop while the loop's
 //! next claim waits for that lock.)
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
+use student_store::entity::outbox as outbox_row;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -19,8 +23,42 @@ use crate::{
     Relay, backoff::exponential_ceiling, deliver::Delivery, finalize::Finalizer, wakeup::Wakeup,
 };
 
-/// The deliveries a relay has in flight, each on its own task.
-type InFlight = JoinSet<anyhow::Result<(Delivery, i64)>>;
+/// The deliveries a relay has in flight: each call (one row, or the rows of one
+/// CreateUsers call) on a task of its own, and how many rows that is.
+#[derive(Default)]
+struct InFlight {
+    calls: JoinSet<Vec<anyhow::Result<(Delivery, i64)>>>,
+    rows_of: HashMap<tokio::task::Id, usize>,
+    rows: usize,
+}
+
+/// What a finished call's task gave back: one result per row, or the task's failure.
+type Finished = Result<Vec<anyhow::Result<(Delivery, i64)>>, tokio::task::JoinError>;
+
+impl InFlight {
+    fn spawn(&mut self, relay: Relay, rows: Vec<outbox_row::Model>, lease_ends: Instant) {
+        let count = rows.len();
+        let task = self
+            .calls
+            .spawn(async move { relay.send_rows_within_lease(rows, lease_ends).await });
+        self.rows_of.insert(task.id(), count);
+        self.rows += count;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// The next call to finish (pending forever when none is in flight).
+    async fn next(&mut self) -> Option<Finished> {
+        let (id, finished) = match self.calls.join_next_with_id().await? {
+            Ok((id, results)) => (id, Ok(results)),
+            Err(err) => (err.id(), Err(err)),
+        };
+        self.rows -= self.rows_of.remove(&id).unwrap_or(0);
+        Some(finished)
+    }
+}
 
 impl Relay {
     /// Delivers rows until `shutdown` is cancelled, then lets the calls in flight finish
@@ -40,7 +78,7 @@ impl Relay {
     }
 
     async fn deliver_until(&self, wakeup: Wakeup, shutdown: CancellationToken) {
-        let mut in_flight = InFlight::new();
+        let mut in_flight = InFlight::default();
         let mut due = true;
         let mut consecutive_errors = 0u32;
         let mut reported_limit = None;
@@ -54,7 +92,7 @@ impl Relay {
             // Claim again once this many slots are free, rather than one row at a time: a
             // claim is a transaction, and small ones cost more than they gain.
             let refill = (concurrency / 4).max(1);
-            let free = concurrency.saturating_sub(in_flight.len());
+            let free = concurrency.saturating_sub(in_flight.rows);
             if due && (free >= refill || in_flight.is_empty()) {
                 let limit = free.min(usize::from(self.config.batch_size));
                 match self.claim(u32::try_from(limit).unwrap_or(u32::MAX)).await {
@@ -62,13 +100,10 @@ impl Relay {
                         consecutive_errors = 0;
                         // A full claim: more rows are probably due.
                         due = rows.len() == limit;
-                        for row in rows {
-                            let relay = self.clone();
-                            in_flight.spawn(async move {
-                                relay.send_within_lease(row, lease_ends).await
-                            });
+                        for call in self.calls_of(rows) {
+                            in_flight.spawn(self.clone(), call, lease_ends);
                         }
-                        if due && in_flight.len() < concurrency {
+                        if due && in_flight.rows < concurrency {
                             continue;
                         }
                     }
@@ -86,8 +121,8 @@ impl Relay {
                 }
             }
             tokio::select! {
-                Some(result) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    self.finished(result).await;
+                Some(finished) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.finished(finished).await;
                 }
                 () = wakeup.notified() => due = true,
                 () = tokio::time::sleep(self.config.poll_interval) => due = true,
@@ -95,8 +130,8 @@ impl Relay {
             }
         }
         // Stopping: no new claims; what is in flight finishes and is recorded.
-        while let Some(result) = in_flight.join_next().await {
-            self.finished(result).await;
+        while let Some(finished) = in_flight.next().await {
+            self.finished(finished).await;
         }
     }
 
@@ -106,8 +141,8 @@ impl Relay {
         tokio::pin!(sleep);
         loop {
             tokio::select! {
-                Some(result) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    self.finished(result).await;
+                Some(finished) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.finished(finished).await;
                 }
                 () = &mut sleep => return,
                 () = shutdown.cancelled() => return,
@@ -115,27 +150,35 @@ impl Relay {
         }
     }
 
-    /// Handles one finished delivery: a row that was not sent goes back at once; a row
-    /// whose outcome could not be recorded keeps its lease and is claimed again once it
+    /// Handles the rows of one finished call: a row that was not sent goes back at once; a
+    /// row whose outcome could not be recorded keeps its lease and is claimed again once it
     /// runs out.
-    async fn finished(
-        &self,
-        result: Result<anyhow::Result<(Delivery, i64)>, tokio::task::JoinError>,
-    ) {
-        match result {
-            Ok(Ok((Delivery::Unsent, id))) => {
-                if let Err(err) = student_store::outbox::release(&self.db, &[id], &self.id).await {
-                    tracing::warn!(outbox_id = id, error = %err, "cannot release an unsent row; its lease will run out");
+    async fn finished(&self, finished: Finished) {
+        let results = match finished {
+            Ok(results) => results,
+            Err(err) => {
+                tracing::error!(error = %err, "a delivery task failed");
+                return;
+            }
+        };
+        let mut unsent = Vec::new();
+        for result in results {
+            match result {
+                Ok((Delivery::Unsent, id)) => unsent.push(id),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(
+                        error = format!("{err:#}"),
+                        "cannot record a delivery; the row will be claimed again after its lease"
+                    );
                 }
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => {
-                tracing::warn!(
-                    error = format!("{err:#}"),
-                    "cannot record a delivery; the row will be claimed again after its lease"
-                );
-            }
-            Err(err) => tracing::error!(error = %err, "a delivery task failed"),
+        }
+        if unsent.is_empty() {
+            return;
+        }
+        if let Err(err) = student_store::outbox::release(&self.db, &unsent, &self.id).await {
+            tracing::warn!(rows = ?unsent, error = %err, "cannot release unsent rows; their leases will run out");
         }
     }
 }

@@ -7,9 +7,9 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use platform::trace::TraceContext;
 use proto::users::v1::{
-    CreateUserRequest, DisableUserRequest, GetUserRequest, KEY_CREATED_AT_HEADER,
-    REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest, User,
-    users_service_client::UsersServiceClient,
+    CreateUserRequest, CreateUsersItem, CreateUsersRequest, CreateUsersResult, DisableUserRequest,
+    GetUserRequest, KEY_CREATED_AT_HEADER, REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest,
+    User, create_users_result::Outcome, users_service_client::UsersServiceClient,
 };
 use student_store::{
     effect::{CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
@@ -153,14 +153,7 @@ impl UsersClient {
         payload: &CreateUserPayload,
         replay_only: bool,
     ) -> Result<Answer, Status> {
-        let request = Request::new(CreateUserRequest {
-            idempotency_key: key.value.to_owned(),
-            email: payload.email.clone(),
-            first_name: payload.first_name.clone(),
-            last_name: payload.last_name.clone(),
-            document_number: payload.document_number.clone(),
-            student_id: payload.student_id.to_string(),
-        });
+        let request = Request::new(create_request(&key, payload));
         let response = self
             .send(
                 request,
@@ -175,6 +168,40 @@ impl UsersClient {
             applied: true,
             from_inbox,
         })
+    }
+
+    /// Sends many `create-user` effects in one CreateUsers call, each under its own key and
+    /// in its own trace. Returns one answer per item, in order, each what
+    /// [`UsersClient::create_user`] would have returned for it alone; the call's own failure
+    /// (Users down, shedding, a deadline) is every item's.
+    pub async fn create_users(
+        &self,
+        items: &[(Key<'_>, &CreateUserPayload)],
+    ) -> Result<Vec<Result<Answer, Status>>, Status> {
+        let request = Request::new(CreateUsersRequest {
+            items: items
+                .iter()
+                .map(|(key, payload)| CreateUsersItem {
+                    user: Some(create_request(key, payload)),
+                    key_created_at: Some(platform::timestamp::to_proto(key.issued_at)),
+                    traceparent: key.trace.to_string(),
+                })
+                .collect(),
+        });
+        let response = self
+            .send(request, None, false, |mut client, request| async move {
+                client.create_users(request).await
+            })
+            .await?;
+        let results = response.into_inner().results;
+        if results.len() != items.len() {
+            return Err(Status::internal(format!(
+                "Users answered {} results to {} items",
+                results.len(),
+                items.len()
+            )));
+        }
+        Ok(results.into_iter().map(item_answer).collect())
     }
 
     /// Reads user `id` (GetUser); `None` when Users has no such user.
@@ -314,6 +341,51 @@ impl UsersClient {
             })?
     }
 }
+
+/// The CreateUser request of `payload` under `key`.
+fn create_request(key: &Key<'_>, payload: &CreateUserPayload) -> CreateUserRequest {
+    CreateUserRequest {
+        idempotency_key: key.value.to_owned(),
+        email: payload.email.clone(),
+        first_name: payload.first_name.clone(),
+        last_name: payload.last_name.clone(),
+        document_number: payload.document_number.clone(),
+        student_id: payload.student_id.to_string(),
+    }
+}
+
+/// One CreateUsers result as the answer or status CreateUser would have given: an item's
+/// error becomes the status it stands for (code, `ErrorInfo` reason, message), marked
+/// `idempotent-replayed` when it is a saved answer, so it is handled exactly as CreateUser's.
+fn item_answer(result: CreateUsersResult) -> Result<Answer, Status> {
+    let mut status = match result.outcome {
+        Some(Outcome::UserId(user_id)) => {
+            return Ok(Answer {
+                user_id: parse_user_id(&user_id)?,
+                applied: true,
+                from_inbox: result.replayed,
+            });
+        }
+        Some(Outcome::Error(error)) => {
+            let code = tonic::Code::from_i32(error.code);
+            if error.reason.is_empty() {
+                Status::new(code, error.message)
+            } else {
+                platform::status::with_reason(code, error.message, &error.reason, USERS_DOMAIN)
+            }
+        }
+        None => return Err(Status::internal("Users answered an item with no outcome")),
+    };
+    if result.replayed {
+        status
+            .metadata_mut()
+            .insert(REPLAYED_HEADER, MetadataValue::from_static("true"));
+    }
+    Err(status)
+}
+
+/// The `ErrorInfo` domain of Users' reasons.
+const USERS_DOMAIN: &str = "users.v1";
 
 /// A user id from Users; anything else is Users' bug, reported as INTERNAL (transient).
 fn parse_user_id(user_id: &str) -> Result<Uuid, Status> {

@@ -28,6 +28,8 @@ on_both_backends!(
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
     users_crash_before_commit_rolls_back_and_the_retry_creates_once,
     users_crash_after_commit_is_answered_from_the_inbox,
+    users_crash_inside_a_many_row_call_rolls_back_every_row_and_the_retry_creates_each_once,
+    users_crash_after_a_many_row_commit_is_answered_from_the_inbox_for_every_row,
     relay_crash_before_finalize_is_redelivered_and_answered_from_the_inbox,
     a_relay_whose_lease_expired_finishes_late_without_harm,
     users_slower_than_the_deadline_is_retried_and_creates_once,
@@ -245,6 +247,73 @@ async fn users_crash_after_commit_is_answered_from_the_inbox(backend: Backend) {
     let delivered: Vec<String> = delivered_lines(&stack.relay_log());
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     assert!(delivered[0].contains("from_inbox=true"), "{delivered:?}");
+}
+
+/// Four rows waiting when the relay starts go to Users in one CreateUsers call (one
+/// transaction); Users dies inside it: none of the four exists, and each is created once
+/// after Users is back.
+async fn users_crash_inside_a_many_row_call_rolls_back_every_row_and_the_retry_creates_each_once(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack.create_students(0..4).await;
+    stack
+        .restart_users(Some(&armed(points::USERS_BEFORE_COMMIT, "abort")))
+        .await;
+    stack.start_relay(None, &["--rows-per-call", "4"]);
+    stack.wait_for_users_abort();
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (0, 0),
+        "rolled back, all four"
+    );
+
+    stack.restart_users(None).await;
+    stack.wait_until_all_linked(4).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    stack.assert_audit_clean(4);
+}
+
+/// Users commits a four-row call and dies before answering: all four users exist, no
+/// student is linked; after Users is back every row is answered from the inbox.
+async fn users_crash_after_a_many_row_commit_is_answered_from_the_inbox_for_every_row(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack.create_students(0..4).await;
+    stack
+        .restart_users(Some(&armed(points::USERS_AFTER_COMMIT, "abort")))
+        .await;
+    stack.start_relay(None, &["--rows-per-call", "4"]);
+    stack.wait_for_users_abort();
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (4, 4),
+        "committed together, answers lost"
+    );
+    assert_eq!(stack.linked_students().await, 0);
+
+    stack.restart_users(None).await;
+    stack.wait_until_all_linked(4).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    stack.assert_audit_clean(4);
+    let log = stack
+        .wait_for_relay_log_lines("delivered and linked", 4)
+        .await;
+    let delivered = delivered_lines(&log);
+    assert_eq!(delivered.len(), 4, "{log}");
+    assert!(
+        delivered
+            .iter()
+            .all(|line| line.contains("from_inbox=true")),
+        "{log}"
+    );
 }
 
 /// The relays' "delivered and linked" lines, in the order they were logged.

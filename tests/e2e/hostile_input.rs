@@ -21,7 +21,10 @@ use proto::{
     student::v1::{
         CreateStudentRequest, GetStudentRequest, ListStudentsRequest, UpdateStudentRequest,
     },
-    users::v1::{CreateUserRequest, GetUserRequest, UpdateUserRequest},
+    users::v1::{
+        CreateUserRequest, CreateUsersItem, CreateUsersRequest, GetUserRequest, UpdateUserRequest,
+        create_users_result::Outcome,
+    },
 };
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
@@ -51,6 +54,7 @@ macro_rules! property_on_both_backends {
 
 property_on_both_backends!(
     create_user_fields_are_accepted_or_named,
+    create_users_items_are_accepted_or_named_each_on_its_own,
     create_student_fields_are_accepted_or_named,
     update_student_fields_are_accepted_or_named,
     update_user_fields_are_accepted_or_named,
@@ -208,6 +212,102 @@ fn create_user_fields_are_accepted_or_named(backend: Backend) {
                         prop_assert_eq!(after, before);
                     }
                     Err(status) => prop_assert!(false, "unexpected answer {:?}", status),
+                }
+                Ok(())
+            })
+        },
+    );
+}
+
+/// CreateUsers: a hostile value in one field of one item, beside a valid item. The valid
+/// item is created whatever its neighbour is; the hostile one is created, replayed, or
+/// refused in its own result naming its field, storing nothing.
+fn create_users_items_are_accepted_or_named_each_on_its_own(backend: Backend) {
+    let accepted = Arc::new(Mutex::new(HashSet::new()));
+    run_property(
+        backend,
+        (0..USER_FIELDS.len(), hostile()),
+        |app, (field, value), n| {
+            let accepted = accepted.clone();
+            Box::pin(async move {
+                let valid = |key: String, document: String| CreateUserRequest {
+                    idempotency_key: key,
+                    email: "ana@example.edu".into(),
+                    first_name: "Ana".into(),
+                    last_name: "Pérez".into(),
+                    document_number: document,
+                    student_id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".into(),
+                };
+                let mut hostile = valid(format!("prop-{n}"), format!("DOC-P{n}"));
+                let slot = match field {
+                    0 => &mut hostile.idempotency_key,
+                    1 => &mut hostile.email,
+                    2 => &mut hostile.first_name,
+                    3 => &mut hostile.last_name,
+                    4 => &mut hostile.document_number,
+                    _ => &mut hostile.student_id,
+                };
+                *slot = value.clone();
+                let neighbour = valid(format!("prop-ok-{n}"), format!("DOC-OK{n}"));
+                let request = CreateUsersRequest {
+                    items: [hostile, neighbour]
+                        .map(|user| CreateUsersItem {
+                            user: Some(user),
+                            ..CreateUsersItem::default()
+                        })
+                        .into(),
+                };
+                let before = users_and_inbox_rows(&app.users_db).await;
+                let answer = app.users.clone().create_users(request).await;
+                let after = users_and_inbox_rows(&app.users_db).await;
+                let results = answer
+                    .map_err(|status| {
+                        TestCaseError::fail(format!("no item may fail the whole call: {status:?}"))
+                    })?
+                    .into_inner()
+                    .results;
+                prop_assert_eq!(results.len(), 2);
+                prop_assert!(
+                    matches!(results[1].outcome, Some(Outcome::UserId(_))) && !results[1].replayed,
+                    "the valid item is created: {:?}",
+                    results[1]
+                );
+                let seen_before = !accepted
+                    .lock()
+                    .expect("lock")
+                    .insert((field, value.clone()));
+                // The neighbour's user and inbox row, plus what the hostile item stored.
+                let stored = (after.0 - before.0 - 1, after.1 - before.1 - 1);
+                match &results[0].outcome {
+                    Some(Outcome::UserId(_)) if results[0].replayed => {
+                        prop_assert!(seen_before, "a replay only for a key already used");
+                        prop_assert_eq!(stored, (0, 0));
+                    }
+                    Some(Outcome::UserId(_)) => {
+                        prop_assert_eq!(stored, (1, 1), "one user and one inbox row");
+                    }
+                    Some(Outcome::Error(error)) if error.code == Code::InvalidArgument as i32 => {
+                        accepted.lock().expect("lock").remove(&(field, value));
+                        let named = format!("invalid {}:", USER_FIELDS[field]);
+                        prop_assert!(error.message.starts_with(&named), "{:?}", error);
+                        prop_assert_eq!(stored, (0, 0), "nothing stored");
+                    }
+                    // The same random value, valid, twice: the domain and the inbox answer.
+                    Some(Outcome::Error(error))
+                        if seen_before
+                            && field == 4
+                            && error.code == Code::AlreadyExists as i32 =>
+                    {
+                        prop_assert_eq!(stored, (0, 1), "only the saved rejection");
+                    }
+                    Some(Outcome::Error(error))
+                        if seen_before
+                            && field == 0
+                            && error.code == Code::FailedPrecondition as i32 =>
+                    {
+                        prop_assert_eq!(stored, (0, 0));
+                    }
+                    other => prop_assert!(false, "unexpected answer {:?}", other),
                 }
                 Ok(())
             })

@@ -6,6 +6,7 @@ mod support;
 mod api_contract;
 mod concurrency;
 mod crash_matrix;
+mod create_users;
 mod hostile_input;
 mod leases;
 mod operations;

@@ -90,18 +90,22 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         "{student}"
     );
 
-    // users-svc: three users executed through the inbox.
+    // users-svc: three users executed through the inbox, in one to three calls (rows the
+    // relay finds waiting together share a CreateUsers call).
     let users = scrape(users_metrics).await;
-    let create_user = [
-        ("grpc_service", "users.v1.UsersService"),
-        ("grpc_method", "CreateUser"),
-        ("grpc_code", "OK"),
-    ];
-    assert_eq!(
-        sample(&users, "grpc_server_handled_total", &create_user),
-        3.0,
-        "{users}"
-    );
+    let calls = |method| {
+        sample(
+            &users,
+            "grpc_server_handled_total",
+            &[
+                ("grpc_service", "users.v1.UsersService"),
+                ("grpc_method", method),
+                ("grpc_code", "OK"),
+            ],
+        )
+    };
+    let calls_served = calls("CreateUser") + calls("CreateUsers");
+    assert!((1.0..=3.0).contains(&calls_served), "{users}");
     let inbox = |result| [("rpc", "CreateUser"), ("result", result)];
     assert_eq!(
         sample(&users, "inbox_requests_total", &inbox("executed")),
@@ -114,7 +118,7 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         "{users}"
     );
 
-    // relay: three rows linked, each call to Users and each row's latency observed, and the
+    // relay: three rows linked, each call Users served and each row's latency observed, and the
     // gauges (read from the database every few seconds) show them done.
     let relay = scrape(relay_metrics).await;
     let deliveries = |outcome| [("effect", "create-user"), ("outcome", outcome)];
@@ -125,7 +129,7 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
     );
     assert_eq!(
         sample(&relay, "relay_users_call_seconds_count", &[]),
-        3.0,
+        calls_served,
         "{relay}"
     );
     assert_eq!(

@@ -19,6 +19,7 @@ use crate::{
         invariants::{
             assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
         },
+        metrics::{sample, scrape},
         stack::{LINK_DEADLINE, Stack, binaries},
     },
 };
@@ -35,6 +36,7 @@ on_both_backends!(
     calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
     a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt,
     a_relay_delivers_on_one_thread,
+    waiting_create_user_rows_go_to_users_many_to_a_call,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -172,6 +174,50 @@ async fn a_relay_delivers_on_one_thread(backend: Backend) {
     assert_eq!(threads, ["relay"]);
 }
 
+/// Twelve rows waiting when a relay starts with `--rows-per-call 4` reach Users as three
+/// CreateUsers calls and no CreateUser call (Users' own count of the calls it served);
+/// with `--rows-per-call 1`, three more rows are three CreateUser calls.
+async fn waiting_create_user_rows_go_to_users_many_to_a_call(backend: Backend) {
+    let Some(mut stack) = Stack::start_with_metrics(backend).await else {
+        return;
+    };
+    let users_metrics = stack.metrics_addr("users-svc").await;
+    let served = |text: &str, method: &str| {
+        sample(
+            text,
+            "grpc_server_handled_total",
+            &[
+                ("grpc_service", "users.v1.UsersService"),
+                ("grpc_method", method),
+                ("grpc_code", "OK"),
+            ],
+        )
+    };
+    stack.kill_relays();
+    stack.create_students(0..12).await;
+    stack.start_relay(None, &["--rows-per-call", "4"]);
+    stack.wait_until_all_linked(12).await;
+    let text = scrape(users_metrics).await;
+    assert_eq!(
+        (served(&text, "CreateUsers"), served(&text, "CreateUser")),
+        (3.0, 0.0),
+        "{text}"
+    );
+
+    stack.kill_relays();
+    stack.create_students(12..15).await;
+    stack.start_relay(None, &["--rows-per-call", "1"]);
+    stack.wait_until_all_linked(15).await;
+    let text = scrape(users_metrics).await;
+    assert_eq!(
+        (served(&text, "CreateUsers"), served(&text, "CreateUser")),
+        (3.0, 3.0),
+        "{text}"
+    );
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 15).await;
+    stack.assert_audit_clean(15);
+}
+
 async fn a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
@@ -268,9 +314,10 @@ async fn sigterm_lets_a_relay_finish_the_calls_it_has_in_flight(backend: Backend
         .restart_users(Some(&format!("{}=sleep(700)", points::USERS_ON_REQUEST)))
         .await;
     stack.create_students(0..6).await;
-    stack.start_relay(None, &[]);
+    // Three calls of two rows each.
+    stack.start_relay(None, &["--rows-per-call", "2"]);
     stack
-        .wait_for_log_lines("users-svc", "fail point: sleeping", 6)
+        .wait_for_log_lines("users-svc", "fail point: sleeping", 3)
         .await;
     // Every row is in a call now. SIGTERM: no new claims, the calls finish and are recorded.
     stack.stop_relays(Duration::from_secs(15));
@@ -560,7 +607,8 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
         return;
     };
     stack.kill_relays();
-    // Two calls at most, each held 50 ms: a relay at 64 in flight overruns it at once.
+    // Two calls at most, each held 50 ms: a relay sending 30 rows two to a call overruns
+    // it at once.
     stack
         .restart_users_with(
             Some("users-on-request=sleep(50)"),
@@ -574,6 +622,8 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
         &[
             "--concurrency",
             "64",
+            "--rows-per-call",
+            "2",
             "--max-attempts",
             "2",
             "--lease",
@@ -596,8 +646,8 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
 /// What the relay logs when a shed call's row goes back to the table with its attempt.
 const GIVEN_BACK: &str = "the row goes back with its attempt";
 
-/// The same overload with a lease too short to wait in: one call at a time, 400 ms each,
-/// against rows that must be sent within half a second of their claim. Most shed rows go
+/// The same overload with a lease too short to wait in: one call (of two rows) at a time,
+/// 400 ms each, against rows that must be sent within half a second of their claim. Most shed rows go
 /// back to the table with their attempt handed back, and are claimed again later: still
 /// each linked at its first attempt.
 async fn a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt(backend: Backend) {
@@ -619,6 +669,8 @@ async fn a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt(backend
         &[
             "--concurrency",
             "8",
+            "--rows-per-call",
+            "2",
             "--max-attempts",
             "2",
             "--call-timeout",

@@ -4,7 +4,12 @@ use std::time::Duration;
 
 use proto::{
     student::v1::{GetStudentRequest, UserLinkStatus},
-    users::v1::CreateUserRequest,
+    users::v1::{
+        CreateUserRequest, CreateUserResponse, CreateUsersRequest, CreateUsersResponse,
+        DisableUserRequest, DisableUserResponse, GetUserRequest, UpdateUserRequest,
+        UpdateUserResponse, User,
+        users_service_server::{UsersService, UsersServiceServer},
+    },
 };
 use relay::{BatchOutcome, replay};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr};
@@ -35,11 +40,16 @@ on_both_backends!(
     a_rejection_fails_the_row_and_shows_on_the_student,
     replay_answers_from_the_inbox_and_creates_nothing,
     status_counts_rows_per_status,
+    a_users_without_create_users_gets_one_call_per_row,
 );
 
 async fn create_students(app: &TestApp, count: usize) -> Vec<String> {
+    create_students_from(app, 0..count).await
+}
+
+async fn create_students_from(app: &TestApp, numbers: std::ops::Range<usize>) -> Vec<String> {
     let mut ids = Vec::new();
-    for n in 0..count {
+    for n in numbers {
         let student = app
             .student
             .clone()
@@ -555,4 +565,91 @@ async fn status_counts_rows_per_status(backend: Backend) {
             ..Default::default()
         }
     );
+}
+
+/// A Users older than CreateUsers: every method but CreateUsers, which it answers
+/// UNIMPLEMENTED as tonic answers an unknown method.
+struct UsersWithoutCreateUsers(users_svc::UsersApi);
+
+#[tonic::async_trait]
+impl UsersService for UsersWithoutCreateUsers {
+    async fn create_user(
+        &self,
+        request: tonic::Request<CreateUserRequest>,
+    ) -> Result<tonic::Response<CreateUserResponse>, tonic::Status> {
+        self.0.create_user(request).await
+    }
+
+    async fn create_users(
+        &self,
+        _: tonic::Request<CreateUsersRequest>,
+    ) -> Result<tonic::Response<CreateUsersResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(""))
+    }
+
+    async fn update_user(
+        &self,
+        request: tonic::Request<UpdateUserRequest>,
+    ) -> Result<tonic::Response<UpdateUserResponse>, tonic::Status> {
+        self.0.update_user(request).await
+    }
+
+    async fn disable_user(
+        &self,
+        request: tonic::Request<DisableUserRequest>,
+    ) -> Result<tonic::Response<DisableUserResponse>, tonic::Status> {
+        self.0.disable_user(request).await
+    }
+
+    async fn get_user(
+        &self,
+        request: tonic::Request<GetUserRequest>,
+    ) -> Result<tonic::Response<User>, tonic::Status> {
+        self.0.get_user(request).await
+    }
+}
+
+/// A relay upgraded before Users: its many-row call is refused as unknown, and it sends the
+/// same rows one CreateUser call each, at once and from then on: every row linked at its
+/// first attempt, none failed.
+async fn a_users_without_create_users_gets_one_call_per_row(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let settings = users_svc::InboxSettings::default();
+    let old_users = UsersWithoutCreateUsers(users_svc::UsersApi::new(
+        app.users_db.clone(),
+        settings.retention,
+        users_svc::answer_cache::AnswerCache::new(settings.cache_entries, settings.retention),
+    ));
+    let definition = platform::grpc_server::ServiceDefinition {
+        routes: tonic::service::Routes::new(UsersServiceServer::new(old_users)),
+        name: "users.v1.UsersService",
+        file_descriptor_set: proto::users::v1::FILE_DESCRIPTOR_SET,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _stop_on_drop = stop.clone().drop_guard();
+    tokio::spawn(platform::grpc_server::serve(
+        listener,
+        definition,
+        platform::grpc_server::ServerOptions::default(),
+        app.users_db.clone(),
+        stop,
+    ));
+    let relay = app.relay_to(&format!("http://{addr}"));
+    create_students(&app, 3).await;
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (3, 3), "{outcome:?}");
+    create_students_from(&app, 3..5).await;
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (2, 2), "{outcome:?}");
+    assert!(
+        statuses(&app).await.iter().all(|row| row.attempts == 1),
+        "every row delivered at its first attempt"
+    );
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 5).await;
 }

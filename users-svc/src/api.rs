@@ -5,9 +5,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use platform::{trace::TraceContext, validate};
 use proto::users::v1::{
-    CreateUserRequest, CreateUserResponse, DisableUserRequest, DisableUserResponse, GetUserRequest,
-    KEY_CREATED_AT_HEADER, REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest,
-    UpdateUserResponse, User, users_service_server::UsersService,
+    CreateUserRequest, CreateUserResponse, CreateUsersItem, CreateUsersRequest,
+    CreateUsersResponse, CreateUsersResult, DisableUserRequest, DisableUserResponse,
+    GetUserRequest, ItemError, KEY_CREATED_AT_HEADER, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
+    UpdateUserRequest, UpdateUserResponse, User, create_users_result::Outcome,
+    users_service_server::UsersService,
 };
 use sea_orm::{DatabaseConnection, EntityTrait};
 use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
@@ -17,6 +19,7 @@ use crate::{
     answer_cache::AnswerCache,
     change_user::{self, UserChange},
     create_user,
+    create_users::{self, Item},
     entity::{inbox::SavedOutcome, users},
     error::Error,
     inbox::{Answer, KeyAge, Mode},
@@ -48,38 +51,108 @@ impl UsersApi {
     /// [`Mode::Execute`]. A malformed time is refused, naming the metadata entry.
     fn mode<T>(&self, request: &Request<T>) -> Result<Mode, Status> {
         let metadata = request.metadata();
-        let replay_only = metadata
-            .get(REPLAY_ONLY_HEADER)
-            .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| value.eq_ignore_ascii_case("true"));
-        if replay_only {
-            return Ok(Mode::ReplayOnly);
-        }
-        let Some(issued) = metadata.get(KEY_CREATED_AT_HEADER) else {
-            return Ok(Mode::Execute);
+        let issued_at = match metadata.get(KEY_CREATED_AT_HEADER) {
+            None => None,
+            Some(issued) => Some(
+                issued
+                    .to_str()
+                    .ok()
+                    .and_then(|value| DateTime::parse_from_rfc3339(value).ok())
+                    .map(|time| time.with_timezone(&Utc))
+                    .ok_or_else(|| {
+                        metrics::rejected("INVALID_ARGUMENT");
+                        Status::from(Error::from(validate::FieldViolation::new(
+                            KEY_CREATED_AT_HEADER,
+                            "must be an RFC 3339 time, such as 2026-12-01T10:00:00Z",
+                        )))
+                    })?,
+            ),
         };
-        let issued_at = issued
-            .to_str()
-            .ok()
-            .and_then(|value| DateTime::parse_from_rfc3339(value).ok())
-            .map(|time| time.with_timezone(&Utc))
-            .ok_or_else(|| {
-                metrics::rejected("INVALID_ARGUMENT");
-                Status::from(Error::from(validate::FieldViolation::new(
-                    KEY_CREATED_AT_HEADER,
-                    "must be an RFC 3339 time, such as 2026-12-01T10:00:00Z",
-                )))
-            })?;
+        Ok(self.mode_of(replay_only(request), issued_at))
+    }
+
+    /// The [`Mode`] of a key issued at `issued_at` (unknown: `None`).
+    fn mode_of(&self, replay_only: bool, issued_at: Option<DateTime<Utc>>) -> Mode {
+        if replay_only {
+            return Mode::ReplayOnly;
+        }
         let horizon = platform::db::now() - self.inbox_retention;
-        Ok(if issued_at < horizon {
-            Mode::Expired(KeyAge {
+        match issued_at {
+            Some(issued_at) if issued_at < horizon => Mode::Expired(KeyAge {
                 issued_at,
                 retention: self.inbox_retention,
-            })
-        } else {
-            Mode::Execute
-        })
+            }),
+            _ => Mode::Execute,
+        }
     }
+
+    /// Decodes one CreateUsers item: its request, the [`Mode`] of its key, its trace.
+    fn item(&self, item: CreateUsersItem, replay_only: bool, call: TraceContext) -> Item {
+        let trace = if item.traceparent.is_empty() {
+            call
+        } else {
+            TraceContext::continue_stored(Some(&item.traceparent))
+        };
+        let issued_at = match item
+            .key_created_at
+            .as_ref()
+            .map(platform::timestamp::from_proto)
+        {
+            None => None,
+            Some(Some(issued_at)) => Some(issued_at),
+            Some(None) => {
+                return Item {
+                    new: Err(metrics::invalid(Error::from(
+                        validate::FieldViolation::new("key_created_at", "must be a valid time"),
+                    ))),
+                    mode: Mode::Execute,
+                    trace,
+                };
+            }
+        };
+        let new = match item.user {
+            Some(user) => NewUser::try_from(user).map_err(metrics::invalid),
+            None => Err(metrics::invalid(Error::from(
+                validate::FieldViolation::new("user", "must be set"),
+            ))),
+        };
+        Item {
+            new,
+            mode: self.mode_of(replay_only, issued_at),
+            trace,
+        }
+    }
+}
+
+/// Whether `request` carries `idempotency-replay-only: true`.
+fn replay_only<T>(request: &Request<T>) -> bool {
+    request
+        .metadata()
+        .get(REPLAY_ONLY_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.eq_ignore_ascii_case("true"))
+}
+
+/// Refuses a CreateUsers call no item of which can be judged: no items, too many, or a key
+/// twice (which of the two would the key's answer be?).
+fn check_items(items: &[CreateUsersItem]) -> Result<(), Error> {
+    if items.is_empty() || items.len() > create_users::MAX_ITEMS {
+        return Err(Error::from(validate::FieldViolation::new(
+            "items",
+            format!("must hold 1 to {} items", create_users::MAX_ITEMS),
+        )));
+    }
+    let mut seen = std::collections::HashMap::new();
+    for (index, item) in items.iter().enumerate() {
+        let Some(user) = &item.user else { continue };
+        if let Some(first) = seen.insert(user.idempotency_key.as_str(), index) {
+            return Err(Error::from(validate::FieldViolation::new(
+                "items",
+                format!("items {first} and {index} have the same idempotency_key"),
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -102,6 +175,33 @@ impl UsersService for UsersApi {
             }),
             _ => None,
         })
+    }
+
+    #[tracing::instrument(name = "CreateUsers", skip_all, fields(trace_id, items))]
+    async fn create_users(
+        &self,
+        request: Request<CreateUsersRequest>,
+    ) -> Result<Response<CreateUsersResponse>, Status> {
+        let call = TraceContext::continue_in_current_span(request.metadata());
+        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+        let replay_only = replay_only(&request);
+        let items = request.into_inner().items;
+        tracing::Span::current().record("items", items.len());
+        check_items(&items).map_err(metrics::invalid)?;
+        let items = items
+            .into_iter()
+            .map(|item| self.item(item, replay_only, call))
+            .collect();
+        let answers = create_users::create_users(&self.db, &self.answers, items).await?;
+        let results = answers
+            .into_iter()
+            .map(|answer| {
+                // Counted as what each item is: a CreateUser request.
+                metrics::inbox_request("CreateUser", &answer);
+                item_result(answer)
+            })
+            .collect();
+        Ok(Response::new(CreateUsersResponse { results }))
     }
 
     #[tracing::instrument(name = "UpdateUser", skip_all, fields(trace_id))]
@@ -173,6 +273,50 @@ impl UsersService for UsersApi {
 /// every log line of the call carries the `trace_id` of the student's journey.
 fn traced<T>(request: &Request<T>) {
     TraceContext::continue_in_current_span(request.metadata());
+}
+
+/// One item's answer as CreateUsers returns it: what CreateUser would have answered, the
+/// header turned into `replayed` and a failure into an [`ItemError`].
+fn item_result(answer: Result<Answer, Error>) -> CreateUsersResult {
+    let (outcome, replayed) = match answer {
+        Ok(Answer {
+            outcome: SavedOutcome::Created { user_id },
+            replayed,
+        }) => (Outcome::UserId(user_id.to_string()), replayed),
+        Ok(Answer {
+            outcome:
+                SavedOutcome::Rejected {
+                    code,
+                    reason,
+                    message,
+                },
+            replayed,
+        }) => (
+            Outcome::Error(ItemError {
+                code,
+                reason,
+                message,
+            }),
+            replayed,
+        ),
+        // A key whose saved answer belongs to another RPC: see `encode_answer`.
+        Ok(Answer { replayed, .. }) => (item_error(Error::KeyReused), replayed),
+        Err(err) => (item_error(err), false),
+    };
+    CreateUsersResult {
+        outcome: Some(outcome),
+        replayed,
+    }
+}
+
+/// The status CreateUser would fail with, as an item's error.
+fn item_error(err: Error) -> Outcome {
+    let status = Status::from(err);
+    Outcome::Error(ItemError {
+        code: status.code() as i32,
+        reason: platform::status::reason(&status).unwrap_or_default(),
+        message: status.message().to_owned(),
+    })
 }
 
 fn applied(outcome: &SavedOutcome) -> Option<(Uuid, bool)> {

@@ -9,8 +9,7 @@ use platform::{
     failpoint, redact,
 };
 use sea_orm::{
-    ActiveModelTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
-    QueryTrait, Set, Statement,
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryTrait, Set, Statement,
 };
 use tonic::Code;
 use uuid::Uuid;
@@ -88,26 +87,41 @@ async fn insert_user_with_inbox(
     saved_at: chrono::DateTime<chrono::Utc>,
 ) -> Result<Uuid, sea_orm::DbErr> {
     let (user_id, user, answer) = new_rows(new, request, saved_at)?;
+    insert_users_with_inbox(db, vec![(user, answer)]).await?;
+    Ok(user_id)
+}
+
+/// The one transaction that executes CreateUser for every pair of `rows` (a user and the
+/// inbox row that saves its id under its key, see [`new_rows`]): all of them or none.
+pub(crate) async fn insert_users_with_inbox(
+    db: &DatabaseConnection,
+    rows: Vec<(users::ActiveModel, inbox_row::ActiveModel)>,
+) -> Result<(), sea_orm::DbErr> {
+    let (users, answers): (Vec<_>, Vec<_>) = rows.into_iter().unzip();
     if db.get_database_backend() == DbBackend::Postgres {
         // Crash point: nothing is sent yet. The statement is its own transaction.
         failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
-        db.execute_raw(together(user, answer)).await?;
+        db.execute_raw(together(users, answers)).await?;
     } else {
         let txn = begin_write(db).await?;
-        user.insert(&txn).await?;
-        answer.insert(&txn).await?;
+        users::Entity::insert_many(users)
+            .exec_without_returning(&txn)
+            .await?;
+        InboxEntity::insert_many(answers)
+            .exec_without_returning(&txn)
+            .await?;
         failpoint::hit(failpoint::points::USERS_BEFORE_COMMIT).await;
-        // Crash point: before this commit nothing exists; after it, the user and the
-        // answer that any redelivery of this key will get.
+        // Crash point: before this commit nothing exists; after it, the users and the
+        // answers that any redelivery of their keys will get.
         txn.commit().await?;
     }
     failpoint::hit(failpoint::points::USERS_AFTER_COMMIT).await;
-    Ok(user_id)
+    Ok(())
 }
 
 /// The two rows a CreateUser writes: a new user, and the inbox row that saves the answer
 /// (its id) under the key.
-fn new_rows(
+pub(crate) fn new_rows(
     new: &NewUser,
     request: inbox::Request<'_>,
     saved_at: chrono::DateTime<chrono::Utc>,
@@ -138,15 +152,15 @@ pub fn create_statement(new: &NewUser) -> Result<Statement, DbErr> {
         request_hash: &request_hash,
     };
     let (_, user, answer) = new_rows(new, request, now())?;
-    Ok(together(user, answer))
+    Ok(together(vec![user], vec![answer]))
 }
 
-/// PostgreSQL: the user and its inbox row in ONE statement (see
+/// PostgreSQL: the users and their inbox rows in ONE statement (see
 /// [`platform::db::insert_both`]), one round trip instead of four.
-fn together(user: users::ActiveModel, answer: inbox_row::ActiveModel) -> Statement {
+fn together(users: Vec<users::ActiveModel>, answers: Vec<inbox_row::ActiveModel>) -> Statement {
     DbBackend::Postgres.build(&insert_both(
-        users::Entity::insert(user).into_query(),
-        InboxEntity::insert(answer).into_query(),
+        users::Entity::insert_many(users).into_query(),
+        InboxEntity::insert_many(answers).into_query(),
     ))
 }
 

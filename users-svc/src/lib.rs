@@ -8,6 +8,7 @@ mod api;
 pub mod auth;
 pub mod change_user;
 pub mod create_user;
+pub mod create_users;
 pub mod entity;
 mod error;
 pub mod inbox;
