@@ -7,10 +7,12 @@
 //! - `pgbench` (PostgreSQL): the same statements as SQL scripts in `bench/pgbench/`, driven
 //!   by `pgbench -M prepared`, the database with nothing of ours in front of it.
 //!
-//! The drain ceiling: a row needs a CreateUser on the Users DB and the relay's Student side
-//! (its claim and its group commit, in batches of [`LINK_BATCH`]). CreateUser runs alone
-//! first; then both run at the same time at that pace, `drain_clients` each, and the ceiling
-//! is the lower of the two rates they reach together.
+//! The drain ceiling: a row needs its user written on the Users DB (as a draining relay
+//! sends them, [`USERS_PER_CALL`] rows a CreateUsers transaction) and the relay's Student
+//! side (its claim and its group commit, in batches of [`LINK_BATCH`]). The Users side runs
+//! alone first; then both run at the same time at that pace, `drain_clients` each, and the
+//! ceiling is the lower of the two rates they reach together. CreateUser one row a
+//! transaction is measured alone too, for comparison.
 
 use std::{
     path::Path,
@@ -30,7 +32,7 @@ use student_store::{
     students::{self, NewStudentRow},
     wake::{RelayBell, WakeRelays},
 };
-use users_svc::{answer_cache::AnswerCache, create_user, inbox::Mode};
+use users_svc::{answer_cache::AnswerCache, create_user, create_users, inbox::Mode};
 use uuid::Uuid;
 
 use crate::system::{Backend, Databases};
@@ -40,8 +42,12 @@ use crate::system::{Backend, Databases};
 pub struct Ceiling {
     /// Student + create-user outbox row (CreateStudent).
     pub create_per_second: f64,
-    /// User + inbox row (CreateUser), while the link transaction runs too.
+    /// Users + inbox rows, [`USERS_PER_CALL`] a transaction (CreateUsers), rows per second,
+    /// while the link transaction runs too.
     pub users_per_second: f64,
+    /// User + inbox row one a transaction (CreateUser), alone: rows per second.
+    #[serde(default)]
+    pub create_user_alone_per_second: Option<f64>,
     /// The relay's Student side (claims and group commits), rows per second, while
     /// CreateUser runs too.
     pub link_per_second: f64,
@@ -91,7 +97,7 @@ pub async fn library(
     // commit that records them all (the answers made up here, as Users would give them).
     let backlog = 50_000 * usize::try_from(seconds.max(1))?;
     due_rows(&student_db, backlog).await?;
-    let create_users = {
+    let create_user_alone_per_second = for_each_client(drain_clients, duration, {
         let db = users_db.clone();
         move |n| {
             let db = db.clone();
@@ -100,6 +106,31 @@ pub async fn library(
                     .await
                     .map(|_| 1)
                     .map_err(|err| anyhow::anyhow!("{err:?}"))
+            }
+        }
+    })
+    .await?;
+    // As a draining relay sends them: USERS_PER_CALL users a call, one transaction.
+    let create_users = {
+        let db = users_db.clone();
+        move |n: usize| {
+            let db = db.clone();
+            let items = (0..USERS_PER_CALL)
+                .map(|i| create_users::Item {
+                    new: Ok(new_user(n * USERS_PER_CALL + i)),
+                    mode: Mode::Execute,
+                    trace: platform::trace::TraceContext::new_root(),
+                })
+                .collect();
+            async move {
+                let answers = create_users::create_users(&db, &AnswerCache::off(), items)
+                    .await
+                    .map_err(|err| anyhow::anyhow!("{err:?}"))?;
+                anyhow::ensure!(
+                    answers.iter().all(Result::is_ok),
+                    "a CreateUsers item failed: {answers:?}"
+                );
+                Ok(answers.len())
             }
         }
     };
@@ -131,6 +162,7 @@ pub async fn library(
     Ok(Ceiling {
         create_per_second,
         users_per_second,
+        create_user_alone_per_second: Some(create_user_alone_per_second),
         link_per_second,
         drain_per_second,
         create_notify_in_transaction_per_second: None,
@@ -184,11 +216,25 @@ pub async fn pgbench(
         .await
         .context("statistics for the backlog")?;
     let (student_url, users_url) = (databases.student_url.clone(), databases.users_url.clone());
-    let (link, users) = (scripts.join("link.sql"), scripts.join("create_user.sql"));
-    // The link script claims and records up to LINK_BATCH rows a transaction (the number
-    // is written in it), held to a pace with `-R`; its rate is counted in rows, from the
-    // rows it left `done`.
-    let users_alone = run_pgbench(&users_url, &users, drain_clients, seconds, &[])?;
+    let create_user_alone_per_second = run_pgbench(
+        &users_url,
+        &scripts.join("create_user.sql"),
+        drain_clients,
+        seconds,
+        &[],
+    )?;
+    let (link, users) = (scripts.join("link.sql"), scripts.join("create_users.sql"));
+    // The Users script writes USERS_PER_CALL rows a transaction, the link script claims and
+    // records up to LINK_BATCH (each number is written in its script); the link is held to
+    // a pace with `-R`, and its rate is counted in rows, from the rows it left `done`.
+    let users_rows = |tps: f64| tps * USERS_PER_CALL as f64;
+    let users_alone = users_rows(run_pgbench(
+        &users_url,
+        &users,
+        drain_clients,
+        seconds,
+        &[],
+    )?);
     let (drain_per_second, users_per_second, link_per_second) = common_pace(users_alone, |pace| {
         let (student_db, student_url, users_url) =
             (student_db.clone(), student_url.clone(), users_url.clone());
@@ -201,7 +247,13 @@ pub async fn pgbench(
                 let paced = ["-R", batches_per_second.as_str()];
                 run_pgbench(&student_url, &link, drain_clients, seconds, &paced)
             });
-            let users = run_pgbench(&users_url, &users, drain_clients, seconds, &[])?;
+            let users = users_rows(run_pgbench(
+                &users_url,
+                &users,
+                drain_clients,
+                seconds,
+                &[],
+            )?);
             links
                 .join()
                 .map_err(|_| anyhow::anyhow!("the link pgbench panicked"))??;
@@ -220,6 +272,7 @@ pub async fn pgbench(
     Ok(Ceiling {
         create_per_second,
         users_per_second,
+        create_user_alone_per_second: Some(create_user_alone_per_second),
         link_per_second,
         drain_per_second,
         create_notify_in_transaction_per_second: Some(create_notify_in_transaction_per_second),
@@ -283,6 +336,10 @@ async fn count(db: &DatabaseConnection, sql: &str) -> anyhow::Result<u64> {
         .context("a count")?;
     Ok(u64::try_from(row.try_get_by_index::<i64>(0)?)?)
 }
+
+/// Users per CreateUsers transaction in the drain ceilings (`bench/pgbench/create_users.sql`
+/// says 16 too): relay `--rows-per-call`'s default.
+pub(crate) const USERS_PER_CALL: usize = 16;
 
 /// Rows per claim of the link ceilings (`bench/pgbench/link.sql` says 32 too): a claim
 /// when a quarter of the relay's 128 call slots is free.

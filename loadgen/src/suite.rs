@@ -379,11 +379,13 @@ fn print_drain(run: &runs::DrainRun, ceiling: Option<f64>) {
 
 fn print_ceiling(label: &str, ceiling: &Ceiling) {
     println!(
-        "{label}: create {:.0} tx/s; users {:.0} tx/s and link {:.0} tx/s together, drain {:.0}/s",
+        "{label}: create {:.0} tx/s; users {:.0} rows/s ({} a transaction) and link {:.0} rows/s together, drain {:.0}/s; CreateUser alone, one row a transaction, {:.0}/s",
         ceiling.create_per_second,
         ceiling.users_per_second,
+        crate::ceiling::USERS_PER_CALL,
         ceiling.link_per_second,
-        ceiling.drain_per_second
+        ceiling.drain_per_second,
+        ceiling.create_user_alone_per_second.unwrap_or(f64::NAN)
     );
 }
 

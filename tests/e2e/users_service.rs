@@ -494,23 +494,40 @@ type Spoil = fn(&mut CreateUserRequest);
 
 /// The database-only ceiling's CreateUser (`bench/pgbench/create_user.sql`) writes what
 /// users-svc writes for a first delivery on PostgreSQL: one statement, the user in a
-/// `WITH` and its inbox row after it, into the same columns.
+/// `WITH` and its inbox row after it, into the same columns. Its CreateUsers
+/// (`create_users.sql`) writes the same columns for as many users a statement as a relay
+/// sends in one call by default.
 #[test]
-fn the_pgbench_create_user_script_writes_the_columns_the_service_writes() {
-    let new = users_svc::NewUser {
-        idempotency_key: "key-1".into(),
+fn the_pgbench_create_user_scripts_write_the_columns_the_service_writes() {
+    let new = |n: usize| users_svc::NewUser {
+        idempotency_key: format!("key-{n}"),
         email: "ada@example.edu".into(),
         first_name: "Ada".into(),
         last_name: "Lovelace".into(),
-        document_number: "D-1".into(),
+        document_number: format!("D-{n}"),
         student_id: Uuid::now_v7(),
     };
-    let service = users_svc::create_user::create_statement(&new)
+    let one = users_svc::create_user::create_statement(&[new(1)])
         .expect("a statement")
         .sql;
-    let script = pgbench::script("create_user.sql");
-    for sql in [&service, &script] {
+    let many = users_svc::create_user::create_statement(&[new(1), new(2)])
+        .expect("a statement")
+        .sql;
+    let (single, batch) = (
+        pgbench::script("create_user.sql"),
+        pgbench::script("create_users.sql"),
+    );
+    for sql in [&one, &many, &single, &batch] {
         assert!(pgbench::inserts_both_in_one_statement(sql), "{sql}");
     }
-    assert_eq!(pgbench::inserts(&script), pgbench::inserts(&service));
+    assert_eq!(pgbench::inserts(&single), pgbench::inserts(&one));
+    assert_eq!(pgbench::inserts(&batch), pgbench::inserts(&many));
+    let per_call = relay::RunConfig::default().rows_per_call;
+    assert_eq!(
+        batch
+            .matches(&format!("generate_series(1, {per_call})"))
+            .count(),
+        2,
+        "{batch}"
+    );
 }

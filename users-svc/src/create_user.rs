@@ -143,16 +143,24 @@ pub(crate) fn new_rows(
     Ok((user_id, user, answer))
 }
 
-/// The statement a first CreateUser runs on PostgreSQL, for the test that holds
-/// `bench/pgbench/create_user.sql` to it.
-pub fn create_statement(new: &NewUser) -> Result<Statement, DbErr> {
-    let request_hash = new.request_hash();
-    let request = inbox::Request {
-        key: &new.idempotency_key,
-        request_hash: &request_hash,
-    };
-    let (_, user, answer) = new_rows(new, request, now())?;
-    Ok(together(vec![user], vec![answer]))
+/// The statement that executes `news` for the first time on PostgreSQL (one CreateUser,
+/// or the items of a CreateUsers), for the tests that hold `bench/pgbench/create_user.sql`
+/// and `create_users.sql` to it.
+pub fn create_statement(news: &[NewUser]) -> Result<Statement, DbErr> {
+    let saved_at = now();
+    let mut users = Vec::with_capacity(news.len());
+    let mut answers = Vec::with_capacity(news.len());
+    for new in news {
+        let request_hash = new.request_hash();
+        let request = inbox::Request {
+            key: &new.idempotency_key,
+            request_hash: &request_hash,
+        };
+        let (_, user, answer) = new_rows(new, request, saved_at)?;
+        users.push(user);
+        answers.push(answer);
+    }
+    Ok(together(users, answers))
 }
 
 /// PostgreSQL: the users and their inbox rows in ONE statement (see
