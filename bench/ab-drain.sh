@@ -37,6 +37,8 @@ done
 out=${OUT:-$root/bench/results/ab-$(date +%F)}
 work=${AB_WORK:-${TMPDIR:-/tmp}/ab-drain}
 mkdir -p "$out" "$work"
+# Absolute: each run writes its JSON from inside its side's worktree.
+out=$(cd "$out" && pwd)
 
 # A worktree and a target directory per side; the working tree itself when NEW is empty.
 checkout() {

@@ -38,6 +38,9 @@ impl Relay {
         rows: Vec<outbox_row::Model>,
         lease_ends: Instant,
     ) -> Vec<RowResult> {
+        if rows.len() < 2 || self.one_row_per_call.load(Ordering::Relaxed) {
+            return self.send_each(rows, lease_ends).await;
+        }
         let mut creations = Vec::new();
         let mut others = Vec::new();
         for row in rows {
@@ -46,7 +49,7 @@ impl Relay {
                 _ => others.push(row),
             }
         }
-        if creations.len() < 2 || self.one_row_per_call.load(Ordering::Relaxed) {
+        if creations.len() < 2 {
             others.extend(creations.into_iter().map(|(row, _)| row));
             return self.send_each(others, lease_ends).await;
         }
