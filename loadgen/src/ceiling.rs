@@ -227,14 +227,7 @@ pub async fn pgbench(
     // The Users script writes USERS_PER_CALL rows a transaction, the link script claims and
     // records up to LINK_BATCH (each number is written in its script); the link is held to
     // a pace with `-R`, and its rate is counted in rows, from the rows it left `done`.
-    let users_rows = |tps: f64| tps * USERS_PER_CALL as f64;
-    let users_alone = users_rows(run_pgbench(
-        &users_url,
-        &users,
-        drain_clients,
-        seconds,
-        &[],
-    )?);
+    let users_alone = users_rows_per_second(&users_url, &users, drain_clients, seconds)?;
     let (drain_per_second, users_per_second, link_per_second) = common_pace(users_alone, |pace| {
         let (student_db, student_url, users_url) =
             (student_db.clone(), student_url.clone(), users_url.clone());
@@ -247,13 +240,7 @@ pub async fn pgbench(
                 let paced = ["-R", batches_per_second.as_str()];
                 run_pgbench(&student_url, &link, drain_clients, seconds, &paced)
             });
-            let users = users_rows(run_pgbench(
-                &users_url,
-                &users,
-                drain_clients,
-                seconds,
-                &[],
-            )?);
+            let users = users_rows_per_second(&users_url, &users, drain_clients, seconds)?;
             links
                 .join()
                 .map_err(|_| anyhow::anyhow!("the link pgbench panicked"))??;
@@ -451,6 +438,17 @@ where
         total += task.await??;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Runs the Users script (`create_users.sql`, [`USERS_PER_CALL`] users a transaction) and
+/// returns the users it wrote per second.
+fn users_rows_per_second(
+    url: &str,
+    script: &Path,
+    clients: usize,
+    seconds: u64,
+) -> anyhow::Result<f64> {
+    Ok(run_pgbench(url, script, clients, seconds, &[])? * USERS_PER_CALL as f64)
 }
 
 /// Runs one pgbench script and returns its transactions per second.

@@ -255,16 +255,11 @@ async fn users_crash_after_commit_is_answered_from_the_inbox(backend: Backend) {
 async fn users_crash_inside_a_many_row_call_rolls_back_every_row_and_the_retry_creates_each_once(
     backend: Backend,
 ) {
-    let Some(mut stack) = Stack::start(backend).await else {
+    let Some(mut stack) =
+        four_rows_in_one_call_to_users_dying_at(backend, points::USERS_BEFORE_COMMIT).await
+    else {
         return;
     };
-    stack.kill_relays();
-    stack.create_students(0..4).await;
-    stack
-        .restart_users(Some(&armed(points::USERS_BEFORE_COMMIT, "abort")))
-        .await;
-    stack.start_relay(None, &["--rows-per-call", "4"]);
-    stack.wait_for_users_abort();
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await,
         (0, 0),
@@ -282,16 +277,11 @@ async fn users_crash_inside_a_many_row_call_rolls_back_every_row_and_the_retry_c
 async fn users_crash_after_a_many_row_commit_is_answered_from_the_inbox_for_every_row(
     backend: Backend,
 ) {
-    let Some(mut stack) = Stack::start(backend).await else {
+    let Some(mut stack) =
+        four_rows_in_one_call_to_users_dying_at(backend, points::USERS_AFTER_COMMIT).await
+    else {
         return;
     };
-    stack.kill_relays();
-    stack.create_students(0..4).await;
-    stack
-        .restart_users(Some(&armed(points::USERS_AFTER_COMMIT, "abort")))
-        .await;
-    stack.start_relay(None, &["--rows-per-call", "4"]);
-    stack.wait_for_users_abort();
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await,
         (4, 4),
@@ -314,6 +304,18 @@ async fn users_crash_after_a_many_row_commit_is_answered_from_the_inbox_for_ever
             .all(|line| line.contains("from_inbox=true")),
         "{log}"
     );
+}
+
+/// Four students written while no relay runs, then a relay that sends them in one
+/// CreateUsers call to a Users armed to die at `point`; returns once Users has died.
+async fn four_rows_in_one_call_to_users_dying_at(backend: Backend, point: &str) -> Option<Stack> {
+    let mut stack = Stack::start(backend).await?;
+    stack.kill_relays();
+    stack.create_students(0..4).await;
+    stack.restart_users(Some(&armed(point, "abort"))).await;
+    stack.start_relay(None, &["--rows-per-call", "4"]);
+    stack.wait_for_users_abort();
+    Some(stack)
 }
 
 /// The relays' "delivered and linked" lines, in the order they were logged.
