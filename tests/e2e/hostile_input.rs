@@ -147,6 +147,33 @@ const USER_FIELDS: [&str; 6] = [
     "student_id",
 ];
 
+/// The `n`th case's valid CreateUser request: its own key and document number.
+fn valid_user(n: usize) -> CreateUserRequest {
+    CreateUserRequest {
+        idempotency_key: format!("prop-{n}"),
+        email: "ana@example.edu".into(),
+        first_name: "Ana".into(),
+        last_name: "Pérez".into(),
+        document_number: format!("DOC-P{n}"),
+        student_id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".into(),
+    }
+}
+
+/// [`valid_user`] with `USER_FIELDS[field]` set to `value`.
+fn spoiled_user(n: usize, field: usize, value: &str) -> CreateUserRequest {
+    let mut request = valid_user(n);
+    let slot = match field {
+        0 => &mut request.idempotency_key,
+        1 => &mut request.email,
+        2 => &mut request.first_name,
+        3 => &mut request.last_name,
+        4 => &mut request.document_number,
+        _ => &mut request.student_id,
+    };
+    value.clone_into(slot);
+    request
+}
+
 fn create_user_fields_are_accepted_or_named(backend: Backend) {
     let accepted = Arc::new(Mutex::new(HashSet::new()));
     run_property(
@@ -155,23 +182,7 @@ fn create_user_fields_are_accepted_or_named(backend: Backend) {
         |app, (field, value), n| {
             let accepted = accepted.clone();
             Box::pin(async move {
-                let mut request = CreateUserRequest {
-                    idempotency_key: format!("prop-{n}"),
-                    email: "ana@example.edu".into(),
-                    first_name: "Ana".into(),
-                    last_name: "Pérez".into(),
-                    document_number: format!("DOC-P{n}"),
-                    student_id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".into(),
-                };
-                let slot = match field {
-                    0 => &mut request.idempotency_key,
-                    1 => &mut request.email,
-                    2 => &mut request.first_name,
-                    3 => &mut request.last_name,
-                    4 => &mut request.document_number,
-                    _ => &mut request.student_id,
-                };
-                *slot = value.clone();
+                let request = spoiled_user(n, field, &value);
                 let before = users_and_inbox_rows(&app.users_db).await;
                 let answer = app.users.clone().create_user(request).await;
                 let after = users_and_inbox_rows(&app.users_db).await;
@@ -230,25 +241,12 @@ fn create_users_items_are_accepted_or_named_each_on_its_own(backend: Backend) {
         |app, (field, value), n| {
             let accepted = accepted.clone();
             Box::pin(async move {
-                let valid = |key: String, document: String| CreateUserRequest {
-                    idempotency_key: key,
-                    email: "ana@example.edu".into(),
-                    first_name: "Ana".into(),
-                    last_name: "Pérez".into(),
-                    document_number: document,
-                    student_id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".into(),
+                let hostile = spoiled_user(n, field, &value);
+                let neighbour = CreateUserRequest {
+                    idempotency_key: format!("prop-ok-{n}"),
+                    document_number: format!("DOC-OK{n}"),
+                    ..valid_user(n)
                 };
-                let mut hostile = valid(format!("prop-{n}"), format!("DOC-P{n}"));
-                let slot = match field {
-                    0 => &mut hostile.idempotency_key,
-                    1 => &mut hostile.email,
-                    2 => &mut hostile.first_name,
-                    3 => &mut hostile.last_name,
-                    4 => &mut hostile.document_number,
-                    _ => &mut hostile.student_id,
-                };
-                *slot = value.clone();
-                let neighbour = valid(format!("prop-ok-{n}"), format!("DOC-OK{n}"));
                 let request = CreateUsersRequest {
                     items: [hostile, neighbour]
                         .map(|user| CreateUsersItem {
