@@ -41,6 +41,7 @@ on_both_backends!(
     replay_answers_from_the_inbox_and_creates_nothing,
     status_counts_rows_per_status,
     a_users_without_create_users_gets_one_call_per_row,
+    rows_too_large_for_one_call_go_one_call_each,
 );
 
 async fn create_students(app: &TestApp, count: usize) -> Vec<String> {
@@ -652,4 +653,60 @@ async fn a_users_without_create_users_gets_one_call_per_row(backend: Backend) {
         "every row delivered at its first attempt"
     );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 5).await;
+}
+
+/// Sixty students whose fields are as long as validation allows (about 1.2 KB a row) make
+/// one CreateUsers call larger than Users' 64 KiB request limit: Users refuses it whole
+/// (OUT_OF_RANGE, no item judged), and the relay sends the same rows one call each: every
+/// row linked at its first attempt, none failed, and the users not written together.
+async fn rows_too_large_for_one_call_go_one_call_each(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    for n in 0..60 {
+        let request = proto::student::v1::CreateStudentRequest {
+            first_name: format!("{}{n:02}", "𝓐".repeat(98)),
+            last_name: "𝓑".repeat(100),
+            email: format!(
+                "{}{n:02}@{}.{}.edu",
+                "a".repeat(62),
+                "b".repeat(63),
+                "c".repeat(63)
+            ),
+            document_number: format!("DOC-{}-{n:02}", "X".repeat(25)),
+            idempotency_key: None,
+        };
+        app.student
+            .clone()
+            .create_student(request)
+            .await
+            .expect("a valid student");
+    }
+    let relay = app.relay_with(
+        &app.users_url(),
+        relay::RunConfig {
+            rows_per_call: 100,
+            ..crate::support::app::test_tuning()
+        },
+    );
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!(
+        (outcome.claimed, outcome.delivered),
+        (60, 60),
+        "{outcome:?}"
+    );
+    assert!(
+        statuses(&app).await.iter().all(|row| row.attempts == 1),
+        "every row delivered at its first attempt"
+    );
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 60).await;
+    // One transaction would have written every user at one time.
+    let times: std::collections::HashSet<_> = users::Entity::find()
+        .all(&app.users_db)
+        .await
+        .expect("users")
+        .into_iter()
+        .map(|user| user.created_at)
+        .collect();
+    assert!(times.len() > 1, "the users were written one call each");
 }
