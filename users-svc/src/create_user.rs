@@ -121,7 +121,7 @@ pub(crate) async fn insert_users_with_inbox(
 
 /// The two rows a CreateUser writes: a new user, and the inbox row that saves the answer
 /// (its id) under the key.
-pub(crate) fn new_rows(
+fn new_rows(
     new: &NewUser,
     request: inbox::Request<'_>,
     saved_at: chrono::DateTime<chrono::Utc>,
@@ -143,23 +143,40 @@ pub(crate) fn new_rows(
     Ok((user_id, user, answer))
 }
 
+/// The rows that execute each of `requests` for the first time, all saved at `saved_at`:
+/// each new user's id, and each user with the inbox row that saves its id (see
+/// [`new_rows`]), in order.
+pub(crate) fn first_execution_rows<'a>(
+    requests: impl IntoIterator<Item = (&'a NewUser, inbox::Request<'a>)>,
+    saved_at: chrono::DateTime<chrono::Utc>,
+) -> Result<FirstExecution, DbErr> {
+    let mut ids = Vec::new();
+    let mut rows = Vec::new();
+    for (new, request) in requests {
+        let (user_id, user, answer) = new_rows(new, request, saved_at)?;
+        ids.push(user_id);
+        rows.push((user, answer));
+    }
+    Ok((ids, rows))
+}
+
+/// What [`first_execution_rows`] returns: the new users' ids, and the rows to insert.
+pub(crate) type FirstExecution = (Vec<Uuid>, Vec<(users::ActiveModel, inbox_row::ActiveModel)>);
+
 /// The statement that executes `news` for the first time on PostgreSQL (one CreateUser,
 /// or the items of a CreateUsers), for the tests that hold `bench/pgbench/create_user.sql`
 /// and `create_users.sql` to it.
 pub fn create_statement(news: &[NewUser]) -> Result<Statement, DbErr> {
-    let saved_at = now();
-    let mut users = Vec::with_capacity(news.len());
-    let mut answers = Vec::with_capacity(news.len());
-    for new in news {
-        let request_hash = new.request_hash();
+    let hashes: Vec<String> = news.iter().map(NewUser::request_hash).collect();
+    let requests = news.iter().zip(&hashes).map(|(new, request_hash)| {
         let request = inbox::Request {
             key: &new.idempotency_key,
-            request_hash: &request_hash,
+            request_hash,
         };
-        let (_, user, answer) = new_rows(new, request, saved_at)?;
-        users.push(user);
-        answers.push(answer);
-    }
+        (new, request)
+    });
+    let (_, rows) = first_execution_rows(requests, now())?;
+    let (users, answers) = rows.into_iter().unzip();
     Ok(together(users, answers))
 }
 

@@ -13,7 +13,7 @@ use tracing::Instrument as _;
 
 use crate::{
     answer_cache::AnswerCache,
-    create_user::{self, insert_users_with_inbox, new_rows},
+    create_user::{self, first_execution_rows, insert_users_with_inbox},
     entity::inbox::SavedOutcome,
     error::Error,
     inbox::{self, Answer, Mode},
@@ -55,10 +55,10 @@ pub async fn create_users(
             }
         };
         let span = item_span(&trace);
+        let request_hash = new.request_hash();
         let known = match mode {
             // A key this process remembers is answered from memory, as CreateUser does.
             Mode::Execute => {
-                let request_hash = new.request_hash();
                 let request = inbox::Request {
                     key: &new.idempotency_key,
                     request_hash: &request_hash,
@@ -81,7 +81,12 @@ pub async fn create_users(
             }
             None => {
                 results.push(None);
-                fresh.push((index, new, span));
+                fresh.push(Fresh {
+                    index,
+                    request_hash,
+                    new,
+                    span,
+                });
             }
         }
     }
@@ -99,40 +104,45 @@ pub async fn create_users(
         .collect())
 }
 
+/// An item nobody has answered yet: where its answer goes, its request and fingerprint,
+/// and the span of its log lines.
+struct Fresh {
+    index: usize,
+    new: NewUser,
+    request_hash: String,
+    span: tracing::Span,
+}
+
+impl Fresh {
+    fn request(&self) -> inbox::Request<'_> {
+        inbox::Request {
+            key: &self.new.idempotency_key,
+            request_hash: &self.request_hash,
+        }
+    }
+}
+
 /// Executes the items nobody has answered yet: together in one transaction, or, when it
 /// meets a unique violation, each on its own (see the module's comment).
 async fn execute_fresh(
     db: &DatabaseConnection,
     answers: &AnswerCache,
-    fresh: Vec<(usize, NewUser, tracing::Span)>,
+    fresh: Vec<Fresh>,
 ) -> Result<Vec<(usize, Result<Answer, Error>)>, Error> {
     if fresh.len() > 1 {
         let saved_at = now();
-        let hashes: Vec<String> = fresh.iter().map(|(_, new, _)| new.request_hash()).collect();
-        let mut rows = Vec::with_capacity(fresh.len());
-        let mut created = Vec::with_capacity(fresh.len());
-        for ((_, new, _), request_hash) in fresh.iter().zip(&hashes) {
-            let request = inbox::Request {
-                key: &new.idempotency_key,
-                request_hash,
-            };
-            let (user_id, user, answer) = new_rows(new, request, saved_at)?;
-            rows.push((user, answer));
-            created.push(user_id);
-        }
+        let (created, rows) = first_execution_rows(
+            fresh.iter().map(|item| (&item.new, item.request())),
+            saved_at,
+        )?;
         match insert_users_with_inbox(db, rows).await {
             Ok(()) => {
                 let mut results = Vec::with_capacity(fresh.len());
-                for (((index, new, span), request_hash), user_id) in
-                    fresh.iter().zip(&hashes).zip(created)
-                {
+                for (item, user_id) in fresh.iter().zip(created) {
                     let outcome = SavedOutcome::Created { user_id };
-                    let request = inbox::Request {
-                        key: &new.idempotency_key,
-                        request_hash,
-                    };
-                    answers.remember(request, &outcome, saved_at);
-                    span.in_scope(|| {
+                    answers.remember(item.request(), &outcome, saved_at);
+                    let new = &item.new;
+                    item.span.in_scope(|| {
                         tracing::info!(
                             %user_id,
                             idempotency_key = %new.idempotency_key,
@@ -144,7 +154,7 @@ async fn execute_fresh(
                         );
                     });
                     results.push((
-                        *index,
+                        item.index,
                         Ok(Answer {
                             outcome,
                             replayed: false,
@@ -159,9 +169,12 @@ async fn execute_fresh(
         }
     }
     let mut results = Vec::with_capacity(fresh.len());
-    for (index, new, span) in fresh {
+    for Fresh {
+        index, new, span, ..
+    } in fresh
+    {
         let answer = create_user::create_user(db, answers, new, Mode::Execute)
-            .instrument(span.clone())
+            .instrument(span)
             .await;
         results.push((index, answer));
     }
