@@ -6,8 +6,8 @@ use clap::Parser as _;
 /// a delivery per row, the finalizer) hand work to each other all the time. On one
 /// thread those hand-offs are plain function calls, not wake-ups of another thread: a
 /// quarter less CPU per row and a 7 % faster drain on a 2-core box (BENCHMARKS.md,
-/// "One thread per relay"). At 74 µs of CPU per row there, one core is about 13,000
-/// rows/s; beyond that, run more relays.
+/// "One thread per relay"). One core bounds a relay (README, "One thread per relay", says
+/// at how many rows a second); beyond that, run more relays.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = relay::cli::Cli::parse();
