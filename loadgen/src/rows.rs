@@ -4,7 +4,10 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait,
+    QueryFilter, Statement,
+};
 use serde::Serialize;
 use student_store::{
     effect::CREATE_USER,
@@ -83,4 +86,26 @@ pub async fn links(
         latency: Latency::of(latencies),
         per_second: ratio(rows.len() as f64, seconds),
     })
+}
+
+/// How many students each CreateStudent transaction wrote on average, since `since`
+/// (student-svc's group commit writes waiting requests together): PostgreSQL marks each
+/// row with the transaction that wrote it (`xmin`). `None` on SQLite, which keeps no such
+/// mark.
+pub async fn students_per_commit(
+    db: &DatabaseConnection,
+    since: DateTime<Utc>,
+) -> anyhow::Result<Option<f64>> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(None);
+    }
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT count(*)::float8 / greatest(count(DISTINCT xmin::text), 1) AS mean \
+             FROM students WHERE created_at >= $1",
+            [since.into()],
+        ))
+        .await?;
+    Ok(row.map(|row| row.try_get::<f64>("", "mean")).transpose()?)
 }

@@ -22,6 +22,9 @@ pub struct ClosedRun {
     pub relays: usize,
     pub in_flight: usize,
     pub create: Calls,
+    /// Students per CreateStudent transaction, on average (student-svc's group commit);
+    /// PostgreSQL only, and only in outbox mode.
+    pub students_per_commit: Option<f64>,
     /// With no relay, none: the run measures CreateStudent alone.
     pub links: Option<Links>,
     pub processes: Vec<ProcessCost>,
@@ -46,6 +49,11 @@ pub async fn closed(
         let db = platform::db::connect(&system.databases.student_url).await?;
         let since = platform::db::now();
         let create = load::closed_loop(&client, &run_id(), students, in_flight).await;
+        let students_per_commit = if link_mode == "outbox" {
+            rows::students_per_commit(&db, since).await?
+        } else {
+            None
+        };
         let links = if relays > 0 && link_mode == "outbox" {
             rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
             Some(rows::links(&db, since, None).await?)
@@ -59,6 +67,7 @@ pub async fn closed(
             relays,
             in_flight,
             create,
+            students_per_commit,
             links,
             processes,
         })

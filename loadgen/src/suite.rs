@@ -346,6 +346,9 @@ fn print_closed(label: &str, run: &runs::ClosedRun) {
         run.create.errors,
         run.create.latency
     );
+    if let Some(mean) = run.students_per_commit {
+        println!("  {mean:.1} students per CreateStudent transaction (group commit)");
+    }
     if let Some(links) = &run.links {
         println!(
             "  linked {:.0}/s; link latency {}",

@@ -110,6 +110,13 @@ pub fn is_transaction_conflict(err: &DbErr) -> bool {
     matches!(database_code(err).as_deref(), Some("40P01" | "40001"))
 }
 
+/// Whether the database itself refused what `err` is about (a constraint, a deadlock, a
+/// syntax error): the statement or transaction was rolled back and nothing of it is
+/// written. An error without the database's answer (a lost connection) may hide a commit.
+pub fn is_database_error(err: &DbErr) -> bool {
+    database_code(err).is_some()
+}
+
 /// The database's own code for `err`: PostgreSQL's SQLSTATE, SQLite's result code.
 fn database_code(err: &DbErr) -> Option<String> {
     let (DbErr::Conn(runtime) | DbErr::Exec(runtime) | DbErr::Query(runtime)) = err else {

@@ -14,6 +14,10 @@ pub mod points {
     /// PostgreSQL, where both rows are one statement (unless the `NOTIFY` is in the
     /// transaction), nothing is sent yet: there is no moment with uncommitted rows.
     pub const STUDENT_BEFORE_COMMIT: &str = "student-before-commit";
+    /// student-svc, CreateStudent's group commit: several students written together (see
+    /// `student_store::students::create_many`), not yet committed; hit after
+    /// [`STUDENT_BEFORE_COMMIT`], and only for a group of two or more.
+    pub const STUDENT_BEFORE_GROUP_COMMIT: &str = "student-before-group-commit";
     /// student-svc, CreateStudent: committed, answer not yet sent.
     pub const STUDENT_AFTER_COMMIT: &str = "student-after-commit";
     /// relay: rows claimed (leased), Users not yet called.

@@ -6,6 +6,7 @@
 pub mod db;
 pub mod failpoint;
 pub mod fingerprint;
+pub mod group_commit;
 pub mod grpc_server;
 pub mod metrics;
 pub mod overload;

@@ -4,39 +4,32 @@
 //! flush); answers that arrive while one batch commits form the next, so the batch grows
 //! with the load and a lone answer is recorded at once.
 
+use platform::group_commit::GroupCommit;
 use sea_orm::{DatabaseConnection, DbErr};
 use student_store::{
     entity::outbox as outbox_row,
     outbox::{self, Delivered, RecordError},
 };
-use tokio::sync::{mpsc, oneshot};
 
 /// Most rows recorded in one transaction.
 const MAX_BATCH: usize = 64;
 
-/// One answered row waiting to be recorded, and who waits for the result.
-struct Pending {
-    row: outbox_row::Model,
-    delivered: Delivered,
-    reply: oneshot::Sender<Result<(), RecordError>>,
-}
-
 /// A handle to the task that records answered rows in batches.
 #[derive(Clone)]
 pub(crate) struct Finalizer {
-    queue: mpsc::Sender<Pending>,
+    writer: GroupCommit<(outbox_row::Model, Delivered), Result<(), RecordError>>,
 }
 
 impl Finalizer {
     /// Starts the recording task for `relay_id`; it ends once every handle is dropped and
     /// the queue is empty.
-    pub(crate) fn start(
-        db: DatabaseConnection,
-        relay_id: String,
-    ) -> (Self, tokio::task::JoinHandle<()>) {
-        let (queue, pending) = mpsc::channel(4 * MAX_BATCH);
-        let task = tokio::spawn(record_batches(db, relay_id, pending));
-        (Self { queue }, task)
+    pub(crate) fn start(db: DatabaseConnection, relay_id: String) -> Self {
+        // One writer: a second would only contend for the same rows' student locks.
+        let writer = GroupCommit::start(1, MAX_BATCH, move |deliveries| {
+            let (db, relay_id) = (db.clone(), relay_id.clone());
+            async move { record_batch(&db, &relay_id, deliveries).await }
+        });
+        Self { writer }
     }
 
     /// Records `row` as delivered, with the rows answered around the same time; returns
@@ -46,51 +39,32 @@ impl Finalizer {
         row: &outbox_row::Model,
         delivered: Delivered,
     ) -> Result<(), RecordError> {
-        let (reply, result) = oneshot::channel();
-        let pending = Pending {
-            row: row.clone(),
-            delivered,
-            reply,
-        };
-        if self.queue.send(pending).await.is_err() {
-            return Err(stopped());
-        }
-        result.await.unwrap_or_else(|_| Err(stopped()))
+        self.writer
+            .submit((row.clone(), delivered))
+            .await
+            .unwrap_or_else(|| Err(stopped()))
     }
 }
 
-async fn record_batches(
-    db: DatabaseConnection,
-    relay_id: String,
-    mut pending: mpsc::Receiver<Pending>,
-) {
-    while let Some(first) = pending.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match pending.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
+/// Records one batch in one transaction: each row's own result, in order.
+async fn record_batch(
+    db: &DatabaseConnection,
+    relay_id: &str,
+    deliveries: Vec<(outbox_row::Model, Delivered)>,
+) -> Vec<Result<(), RecordError>> {
+    match outbox::record_deliveries(db, relay_id, &deliveries).await {
+        Ok(recorded) => {
+            crate::metrics::finalize_batch(recorded.path);
+            recorded.results
         }
-        let (deliveries, replies): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .map(|pending| ((pending.row, pending.delivered), pending.reply))
-            .unzip();
-        match outbox::record_deliveries(&db, &relay_id, &deliveries).await {
-            Ok(recorded) => {
-                crate::metrics::finalize_batch(recorded.path);
-                for (reply, result) in replies.into_iter().zip(recorded.results) {
-                    let _ = reply.send(result);
-                }
-            }
-            Err(err) => {
-                // Nothing of the batch was recorded: every row keeps its lease and is
-                // delivered again once it runs out (Users answers from its inbox).
-                let message = err.to_string();
-                for reply in replies {
-                    let _ = reply.send(Err(RecordError::Db(DbErr::Custom(message.clone()))));
-                }
-            }
+        Err(err) => {
+            // Nothing of the batch was recorded: every row keeps its lease and is
+            // delivered again once it runs out (Users answers from its inbox).
+            let message = err.to_string();
+            deliveries
+                .iter()
+                .map(|_| Err(RecordError::Db(DbErr::Custom(message.clone()))))
+                .collect()
         }
     }
 }

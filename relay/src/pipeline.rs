@@ -65,15 +65,13 @@ impl Relay {
     /// (each within its deadline) and records them. Errors of the database make the loop
     /// back off, growing, so they never spin.
     pub async fn run(&self, wakeup: Wakeup, shutdown: CancellationToken) {
-        // Deliveries record their rows through one group-committing finalizer.
-        let (finalizer, finalizing) = Finalizer::start(self.db.clone(), self.id.clone());
+        // Deliveries record their rows through one group-committing finalizer; each waits
+        // for its record, so once the loop has drained nothing is left to record.
         let this = Relay {
-            finalizer: Some(finalizer),
+            finalizer: Some(Finalizer::start(self.db.clone(), self.id.clone())),
             ..self.clone()
         };
         this.deliver_until(wakeup, shutdown).await;
-        drop(this);
-        let _ = finalizing.await;
         tracing::info!(relay = %self.id, "relay stopped");
     }
 

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
+use futures::future::join_all;
 use platform::{
-    db::{begin_write, insert_both},
+    db::{begin_write, insert_both, is_database_error},
     failpoint,
 };
 use sea_orm::{
@@ -48,42 +49,122 @@ pub struct NewStudentRow {
     pub traceparent: String,
 }
 
-/// Writes a student and its `create-user` outbox row in ONE transaction: on PostgreSQL one
-/// statement (see [`insert_together`]), elsewhere, or with the `NOTIFY` inside, an explicit
-/// transaction.
-///
-/// Both rows commit or neither does: once this returns, the intention to create the login
-/// user is on disk and the relay will deliver it, whatever crashes afterwards. A unique
-/// violation (the client key, or the document number) is returned as the database error
-/// for the caller to tell apart.
+/// Writes a student and its `create-user` outbox row in ONE transaction (see
+/// [`create_many`], which this is for one student).
 pub async fn create(
     db: &DatabaseConnection,
     bell: &RelayBell,
     new: NewStudentRow,
 ) -> Result<StudentView, DbErr> {
-    let (student, create_user) = new_rows(db.get_database_backend(), new);
-    let (student, create_user) =
-        if db.get_database_backend() == DbBackend::Postgres && !bell.rings_in_transaction() {
-            // Crash point: nothing is sent yet. The statement below is its own transaction, so
-            // there is no moment, committed or not, with one row and not the other.
-            failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
-            insert_together(db, student, create_user).await?
-        } else {
-            let txn = begin_write(db).await?;
+    let mut views = create_many(db, bell, vec![new]).await?;
+    views.pop().ok_or(DbErr::RecordNotInserted)
+}
+
+/// Writes each of `news`, a student and its `create-user` outbox row, in ONE transaction:
+/// on PostgreSQL one statement (see [`insert_together`]), elsewhere, or with the `NOTIFY`
+/// inside, an explicit transaction. Returns the students in the order given.
+///
+/// All rows commit or none does: once this returns, the intention to create each login
+/// user is on disk and the relay will deliver it, whatever crashes afterwards. A unique
+/// violation (a client key, or a document number) fails them all and is returned as the
+/// database error for the caller to tell apart (see [`create_each`]).
+pub async fn create_many(
+    db: &DatabaseConnection,
+    bell: &RelayBell,
+    news: Vec<NewStudentRow>,
+) -> Result<Vec<StudentView>, DbErr> {
+    let backend = db.get_database_backend();
+    let rows: Vec<_> = news.into_iter().map(|new| new_rows(backend, new)).collect();
+    let group = rows.len() > 1;
+    let written = if backend == DbBackend::Postgres && !bell.rings_in_transaction() {
+        // Crash point: nothing is sent yet. The statement below is its own transaction, so
+        // there is no moment, committed or not, with some rows and not the others.
+        failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
+        if group {
+            failpoint::hit(failpoint::points::STUDENT_BEFORE_GROUP_COMMIT).await;
+        }
+        insert_together(db, rows).await?
+    } else {
+        let txn = begin_write(db).await?;
+        let mut written = Vec::with_capacity(rows.len());
+        for (student, create_user) in rows {
             let student = student.insert(&txn).await?;
             let create_user = create_user.insert(&txn).await?;
-            bell.in_transaction(&txn).await?;
-            failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
-            // Crash point: before this commit nothing exists; after it, both rows do.
-            txn.commit().await?;
-            (student, create_user)
-        };
+            written.push((student, create_user));
+        }
+        bell.in_transaction(&txn).await?;
+        failpoint::hit(failpoint::points::STUDENT_BEFORE_COMMIT).await;
+        if group {
+            failpoint::hit(failpoint::points::STUDENT_BEFORE_GROUP_COMMIT).await;
+        }
+        // Crash point: before this commit nothing exists; after it, every row does.
+        txn.commit().await?;
+        written
+    };
     bell.after_commit();
     failpoint::hit(failpoint::points::STUDENT_AFTER_COMMIT).await;
-    Ok(StudentView {
-        student,
-        create_user: Some(create_user),
-    })
+    Ok(written
+        .into_iter()
+        .map(|(student, create_user)| StudentView {
+            student,
+            create_user: Some(create_user),
+        })
+        .collect())
+}
+
+/// Writes each of `news` and gives back each one's own outcome, in order: all in one
+/// transaction ([`create_many`]) when they can be; when the database refuses that one (a
+/// unique violation names no student, a deadlock), nothing was written, and each is
+/// written on its own so that each gets the answer it would have got alone. An error with
+/// no answer from the database (a lost connection) is every student's.
+///
+/// This is what CreateStudent's group commit runs (student-svc `writer.rs`): students
+/// asked for while one transaction commits are written together in the next.
+pub async fn create_each(
+    db: &DatabaseConnection,
+    bell: &RelayBell,
+    news: Vec<NewStudentRow>,
+) -> (CommitPath, Vec<Result<StudentView, DbErr>>) {
+    if let [_] = news.as_slice() {
+        let outcomes = join_all(news.into_iter().map(|new| create(db, bell, new))).await;
+        return (CommitPath::Alone, outcomes);
+    }
+    let err = match create_many(db, bell, news.clone()).await {
+        Ok(views) => return (CommitPath::Together, views.into_iter().map(Ok).collect()),
+        Err(err) => err,
+    };
+    if !is_database_error(&err) {
+        let message = err.to_string();
+        let outcomes = news
+            .iter()
+            .map(|_| Err(DbErr::Custom(message.clone())))
+            .collect();
+        return (CommitPath::Together, outcomes);
+    }
+    let outcomes = news.into_iter().map(|new| create(db, bell, new));
+    (CommitPath::Each, join_all(outcomes).await)
+}
+
+/// How [`create_each`] wrote its students.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitPath {
+    /// One student, one transaction.
+    Alone,
+    /// Several in one transaction.
+    Together,
+    /// Several, each in its own transaction, after the shared one was refused.
+    Each,
+}
+
+impl CommitPath {
+    /// The name metrics give this path.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Alone => "alone",
+            Self::Together => "together",
+            Self::Each => "each",
+        }
+    }
 }
 
 /// The two rows CreateStudent writes: the student, and the outbox row that creates its
@@ -140,39 +221,56 @@ fn new_rows(
     (student, create_user)
 }
 
-/// The statement CreateStudent runs on PostgreSQL (with the relays woken after the
-/// commit, the default), for the test that holds `bench/pgbench/create_student.sql` to it.
-pub fn create_statement(new: NewStudentRow) -> Statement {
-    let (student, create_user) = new_rows(DbBackend::Postgres, new);
-    together(student, create_user)
+/// The statement CreateStudent runs on PostgreSQL for `news` (with the relays woken after
+/// the commit, the default), for the tests that hold `bench/pgbench/create_student.sql`
+/// and `create_students.sql` to it.
+pub fn create_statement(news: Vec<NewStudentRow>) -> Statement {
+    let rows = news
+        .into_iter()
+        .map(|new| new_rows(DbBackend::Postgres, new))
+        .collect();
+    together(rows)
 }
 
-/// PostgreSQL: the student and its outbox row in ONE statement (see
-/// [`insert_together`]), returning the outbox row.
-fn together(student: students::ActiveModel, create_user: outbox::ActiveModel) -> Statement {
+/// PostgreSQL: the students and their outbox rows in ONE statement (see
+/// [`insert_together`]), returning the outbox rows.
+fn together(rows: Vec<(students::ActiveModel, outbox::ActiveModel)>) -> Statement {
+    let (students, create_users): (Vec<_>, Vec<_>) = rows.into_iter().unzip();
     let mut statement = insert_both(
-        students::Entity::insert(student).into_query(),
-        outbox::Entity::insert(create_user).into_query(),
+        students::Entity::insert_many(students).into_query(),
+        outbox::Entity::insert_many(create_users).into_query(),
     );
     statement.returning_all();
     DbBackend::Postgres.build(&statement)
 }
 
-/// PostgreSQL: the student and its outbox row in ONE statement (see
+/// PostgreSQL: the students and their outbox rows in ONE statement (see
 /// [`platform::db::insert_both`]), one round trip instead of four, which made CreateStudent
-/// a third faster (BENCHMARKS.md).
+/// a third faster (BENCHMARKS.md). Returns them in the order of `rows`.
 async fn insert_together(
     db: &DatabaseConnection,
-    student: students::ActiveModel,
-    create_user: outbox::ActiveModel,
-) -> Result<(students::Model, outbox::Model), DbErr> {
-    let written = student.clone().try_into_model()?;
-    let row = outbox::Entity::find()
-        .from_raw_sql(together(student, create_user))
-        .one(db)
+    rows: Vec<(students::ActiveModel, outbox::ActiveModel)>,
+) -> Result<Vec<(students::Model, outbox::Model)>, DbErr> {
+    let written = rows
+        .iter()
+        .map(|(student, _)| student.clone().try_into_model())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut outbox_rows: HashMap<Uuid, outbox::Model> = outbox::Entity::find()
+        .from_raw_sql(together(rows))
+        .all(db)
         .await?
-        .ok_or(DbErr::RecordNotInserted)?;
-    Ok((written, row))
+        .into_iter()
+        .map(|row| (row.aggregate_id, row))
+        .collect();
+    written
+        .into_iter()
+        .map(|student| {
+            let row = outbox_rows
+                .remove(&student.id)
+                .ok_or(DbErr::RecordNotInserted)?;
+            Ok((student, row))
+        })
+        .collect()
 }
 
 /// Writes a student already linked to `user_id`, with no outbox row: the naive flow of

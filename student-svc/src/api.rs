@@ -20,6 +20,7 @@ use crate::{
     error::Error,
     new_student::{NewStudent, StudentChange},
     students,
+    writer::StudentWriter,
 };
 
 /// The trace a student change belongs to: the caller's `traceparent`, continued, or a new
@@ -39,6 +40,7 @@ pub struct StudentApi {
     db: DatabaseConnection,
     link: Link,
     bell: RelayBell,
+    writer: StudentWriter,
 }
 
 /// How CreateStudent gets the login user.
@@ -52,8 +54,15 @@ pub enum Link {
 }
 
 impl StudentApi {
+    /// Starts CreateStudent's writers (inside a Tokio runtime).
     pub fn new(db: DatabaseConnection, link: Link, bell: RelayBell) -> Self {
-        Self { db, link, bell }
+        let writer = StudentWriter::start(db.clone(), bell.clone());
+        Self {
+            db,
+            link,
+            bell,
+            writer,
+        }
     }
 }
 
@@ -66,7 +75,7 @@ impl StudentService for StudentApi {
     ) -> Result<Response<Student>, Status> {
         let trace = traced(&request);
         let new = NewStudent::try_from(request.into_inner())?;
-        let view = students::create_student(&self.db, &self.bell, &self.link, new, trace).await?;
+        let view = students::create_student(&self.db, &self.writer, &self.link, new, trace).await?;
         Ok(Response::new(encode(view)))
     }
 

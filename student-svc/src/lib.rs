@@ -8,6 +8,7 @@ pub mod direct;
 mod error;
 mod new_student;
 pub mod students;
+pub mod writer;
 
 use std::net::SocketAddr;
 

@@ -19,6 +19,7 @@ use crate::{
     api::Link,
     error::Error,
     new_student::{NewStudent, StudentChange},
+    writer::StudentWriter,
 };
 
 /// Creates a student and its `create-user` outbox row in ONE transaction.
@@ -29,7 +30,7 @@ use crate::{
 #[tracing::instrument(skip_all, fields(student_id), err(level = "debug"))]
 pub async fn create_student(
     db: &DatabaseConnection,
-    bell: &RelayBell,
+    writer: &StudentWriter,
     link: &Link,
     new: NewStudent,
     trace: TraceContext,
@@ -50,7 +51,7 @@ pub async fn create_student(
         traceparent: trace.to_string(),
     };
     let created = match link {
-        Link::Outbox => store::create(db, bell, row).await,
+        Link::Outbox => writer.create(row).await,
         // The naive flow: Users first, with a fresh key, then the student. Nothing
         // remembers that Users was asked if this process dies or the answer is lost.
         Link::Direct(users) => {

@@ -38,6 +38,7 @@ use crate::{
 on_both_backends!(
     fifty_racing_create_users_with_one_key_get_one_user,
     fifty_racing_create_students_with_one_client_key_get_one_student,
+    racing_create_students_each_get_their_own_answer,
     one_key_raced_with_two_requests_never_makes_a_second_user,
     every_invalid_argument_names_its_field_in_a_bad_request_violation,
     errors_carry_stable_reasons_in_error_info,
@@ -120,6 +121,74 @@ async fn fifty_racing_create_students_with_one_client_key_get_one_student(backen
         "50 identical answers"
     );
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
+}
+
+/// Forty CreateStudents at once: student-svc writes those that wait together in one
+/// transaction (its group commit), and ten of them take a document number another of the
+/// forty also asks for, which refuses a shared transaction. Every caller still gets the
+/// answer it would have got alone: its own student, with its own fields, or
+/// DOCUMENT_NUMBER_TAKEN for the loser of each pair; never another caller's student.
+async fn racing_create_students_each_get_their_own_answer(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let requests: Vec<_> = (1..=30)
+        .map(student_request)
+        .chain((1..=10).map(|n| CreateStudentRequest {
+            first_name: format!("Other{n}"),
+            ..student_request(n)
+        }))
+        .collect();
+    let calls = requests.iter().map(|request| {
+        let (mut student, request) = (app.student.clone(), request.clone());
+        async move { student.create_student(request).await }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let mut created = Vec::new();
+    let mut taken = 0;
+    for (request, answer) in requests.iter().zip(answers) {
+        match answer {
+            Ok(student) => {
+                let student = student.into_inner();
+                assert_eq!(
+                    (
+                        &student.first_name,
+                        &student.email,
+                        &student.document_number
+                    ),
+                    (
+                        &request.first_name,
+                        &request.email,
+                        &request.document_number
+                    ),
+                    "each caller gets its own student"
+                );
+                created.push(student);
+            }
+            Err(status) => {
+                assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+                assert_eq!(reason_of(&status).0, "DOCUMENT_NUMBER_TAKEN");
+                taken += 1;
+            }
+        }
+    }
+    assert_eq!((created.len(), taken), (30, 10));
+    let documents: std::collections::HashSet<_> =
+        created.iter().map(|s| s.document_number.clone()).collect();
+    assert_eq!(documents.len(), 30, "each document number once");
+    for student in &created {
+        let stored = app
+            .student
+            .clone()
+            .get_student(GetStudentRequest {
+                id: student.id.clone(),
+            })
+            .await
+            .expect("the answered student is stored")
+            .into_inner();
+        assert_eq!(stored.first_name, student.first_name);
+    }
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (30, 30));
 }
 
 async fn one_key_raced_with_two_requests_never_makes_a_second_user(backend: Backend) {

@@ -5,7 +5,10 @@
 use platform::failpoint::points;
 use proto::student::v1::{CreateStudentRequest, GetStudentRequest, UserLinkStatus};
 use sea_orm::EntityTrait;
-use student_store::entity::outbox::{FailureKind, OutboxStatus};
+use student_store::entity::{
+    outbox::{FailureKind, OutboxStatus},
+    students,
+};
 use tonic::Code;
 
 use crate::{
@@ -23,6 +26,7 @@ use crate::{
 on_both_backends!(
     student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_once,
     student_svc_crash_inside_an_open_transaction_stores_nothing,
+    student_svc_crash_inside_a_group_commit_stores_none_of_the_group,
     student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key,
     rows_committed_while_no_relay_runs_are_delivered_once,
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
@@ -103,6 +107,89 @@ async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) {
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     stack.assert_audit_clean(1);
+}
+
+/// CreateStudent's group commit writes the students of waiting requests in one
+/// transaction; the process dies just before it commits. Both writers are first held in a
+/// slow commit of one student each (a `sleep` fail point, seen in the log), so requests 3
+/// to 12 queue and form the group. None of the group exists afterwards (at most the two
+/// students written alone do, each with its outbox row), and the callers' retries with
+/// their keys create each student exactly once, each linked once.
+async fn student_svc_crash_inside_a_group_commit_stores_none_of_the_group(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let points = format!(
+        "{};{}",
+        armed(points::STUDENT_BEFORE_COMMIT, "2*sleep(3000)"),
+        armed(points::STUDENT_BEFORE_GROUP_COMMIT, "abort")
+    );
+    stack.restart_student(Some(&points)).await;
+    let requests: Vec<_> = (1..=12)
+        .map(|n| CreateStudentRequest {
+            idempotency_key: Some(format!("enrol-{n}")),
+            ..student_request(n)
+        })
+        .collect();
+    let send = |request: &CreateStudentRequest| {
+        let (mut client, request) = (stack.student_client(), request.clone());
+        tokio::spawn(async move { client.create_student(request).await })
+    };
+    let mut calls = Vec::new();
+    for (held, request) in requests[..2].iter().enumerate() {
+        calls.push(send(request));
+        stack
+            .wait_for_log_lines("student-svc", "fail point: sleeping", held + 1)
+            .await;
+    }
+    calls.extend(requests[2..].iter().map(send));
+    let mut answered = Vec::new();
+    for call in calls {
+        if let Ok(answer) = call.await.expect("the call's task") {
+            answered.push(answer.into_inner());
+        }
+    }
+    stack.wait_for_student_abort();
+    let stored: Vec<String> = students::Entity::find()
+        .all(&stack.student_db)
+        .await
+        .expect("students")
+        .into_iter()
+        .map(|student| student.document_number)
+        .collect();
+    let alone = [&requests[0].document_number, &requests[1].document_number];
+    assert!(
+        stored.iter().all(|document| alone.contains(&document)),
+        "nothing of the group was committed: {stored:?}"
+    );
+    let (students, outbox_rows) = students_and_outbox_rows(&stack.student_db).await;
+    assert_eq!(students, outbox_rows, "each student with its outbox row");
+    assert!(
+        answered.len() <= stored.len(),
+        "an answered student is stored"
+    );
+
+    stack.restart_student(None).await;
+    for request in &requests {
+        let student = stack
+            .student_client()
+            .create_student(request.clone())
+            .await
+            .expect("the retry succeeds")
+            .into_inner();
+        if let Some(earlier) = answered
+            .iter()
+            .find(|earlier| earlier.document_number == request.document_number)
+        {
+            assert_eq!(
+                student.id, earlier.id,
+                "an answered student is answered again"
+            );
+        }
+    }
+    stack.wait_until_all_linked(12).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 12).await;
+    stack.assert_audit_clean(12);
 }
 
 async fn student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key(backend: Backend) {

@@ -25,6 +25,7 @@ on_both_backends!(
     retry_with_the_same_client_key_returns_the_same_student,
     client_key_reused_with_other_fields_is_rejected_and_writes_nothing,
     a_second_student_with_the_same_document_number_is_rejected,
+    a_group_of_students_commits_together_or_each_on_its_own,
     invalid_create_student_fields_are_named_and_nothing_is_stored,
     get_student_returns_the_student_or_names_the_problem,
     list_students_pages_through_every_student_oldest_first,
@@ -450,24 +451,65 @@ async fn health_turns_not_serving_when_the_postgres_database_goes_away() {
     );
 }
 
+/// What CreateStudent's group commit runs (`student_store::students::create_each`): the
+/// students of a group in ONE transaction; when the database refuses it (here one of them
+/// takes a document number an earlier student holds), nothing of it stays and each is
+/// written on its own, so the others are created and only that one gets the violation.
+async fn a_group_of_students_commits_together_or_each_on_its_own(backend: Backend) {
+    use student_store::students::{CommitPath, create_each};
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let db = &app.student_db;
+    let bell = student_store::wake::RelayBell::silent();
+    let (path, outcomes) = create_each(db, &bell, (1..=3).map(new_row).collect()).await;
+    assert_eq!(path, CommitPath::Together);
+    let documents: Vec<_> = outcomes
+        .into_iter()
+        .map(|outcome| outcome.expect("created").student.document_number)
+        .collect();
+    assert_eq!(documents, ["D-1", "D-2", "D-3"], "each its own, in order");
+    assert_eq!(students_and_outbox_rows(db).await, (3, 3));
+
+    let taken = student_store::students::NewStudentRow {
+        document_number: "D-2".into(),
+        ..new_row(5)
+    };
+    let (path, outcomes) = create_each(db, &bell, vec![new_row(4), taken, new_row(6)]).await;
+    assert_eq!(path, CommitPath::Each);
+    let [four, five, six] = <[_; 3]>::try_from(outcomes).expect("three outcomes");
+    assert_eq!(four.expect("created").student.document_number, "D-4");
+    assert!(
+        five.is_err_and(|err| platform::db::is_unique_violation(&err)),
+        "the taken document number"
+    );
+    assert_eq!(six.expect("created").student.document_number, "D-6");
+    assert_eq!(students_and_outbox_rows(db).await, (5, 5));
+}
+
+/// A new student's rows, distinct for each `n`.
+fn new_row(n: usize) -> student_store::students::NewStudentRow {
+    student_store::students::NewStudentRow {
+        id: Uuid::now_v7(),
+        first_name: format!("Ada{n}"),
+        last_name: "Lovelace".into(),
+        email: format!("ada{n}@example.edu"),
+        document_number: format!("D-{n}"),
+        client_key: Some(format!("key-{n}")),
+        request_hash: "hash".into(),
+        created_at: platform::db::now(),
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+    }
+}
+
 /// The database-only ceiling's CreateStudent (`bench/pgbench/create_student.sql`) writes
 /// what student-svc writes on PostgreSQL: one statement, the student in a `WITH` and its
 /// outbox row after it, into the same columns. A column added to the service's write and
 /// not to the script (or the other way round) fails here, not silently in BENCHMARKS.md.
 #[test]
 fn the_pgbench_create_script_writes_the_columns_the_service_writes() {
-    let row = student_store::students::NewStudentRow {
-        id: Uuid::now_v7(),
-        first_name: "Ada".into(),
-        last_name: "Lovelace".into(),
-        email: "ada@example.edu".into(),
-        document_number: "D-1".into(),
-        client_key: Some("key-1".into()),
-        request_hash: "hash".into(),
-        created_at: platform::db::now(),
-        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
-    };
-    let service = student_store::students::create_statement(row).sql;
+    let row = new_row(1);
+    let service = student_store::students::create_statement(vec![row]).sql;
     let script = pgbench::script("create_student.sql");
     for sql in [&service, &script] {
         assert!(pgbench::inserts_both_in_one_statement(sql), "{sql}");

@@ -1,0 +1,70 @@
+//! CreateStudent's group commit: students asked for while one transaction commits are
+//! written together in the next, many to one transaction (see
+//! [`student_store::students::create_each`]), instead of one transaction each.
+//!
+//! A request is answered only once the transaction holding its student has committed, so
+//! each caller's guarantee is the one a transaction of its own gives: its student and the
+//! intention to create its login user are on disk together, or neither is. What changes is
+//! the cost: one commit (a disk sync) and one statement for a whole group. A lone request,
+//! arriving when a writer is free, is written at once and waits for nobody.
+
+use platform::group_commit::GroupCommit;
+use sea_orm::{DatabaseConnection, DbErr};
+use student_store::{
+    students::{self as store, NewStudentRow, StudentView},
+    wake::RelayBell,
+};
+
+/// Transactions committing at once. Two: while one waits for its disk sync, the other
+/// takes the requests that arrived meanwhile.
+const WRITERS: usize = 2;
+
+/// Most students in one transaction: a group of requests that arrived together (at most
+/// the requests in flight), well within a statement's bind limit.
+const MAX_GROUP: usize = 64;
+
+/// Counts commits by path (`alone`, `together`, `each`).
+pub const COMMITS: &str = "student_create_commits_total";
+/// Counts the students those commits wrote, by path.
+pub const COMMITTED: &str = "student_create_committed_total";
+
+/// A handle to CreateStudent's writers; cheap to clone.
+#[derive(Clone)]
+pub struct StudentWriter {
+    writers: GroupCommit<NewStudentRow, Result<StudentView, DbErr>>,
+}
+
+impl StudentWriter {
+    /// Starts the writers (inside a Tokio runtime); they stop with the last handle.
+    pub fn start(db: DatabaseConnection, bell: RelayBell) -> Self {
+        describe();
+        let writers = GroupCommit::start(WRITERS, MAX_GROUP, move |news| {
+            let (db, bell) = (db.clone(), bell.clone());
+            async move {
+                let count = news.len() as u64;
+                let (path, outcomes) = store::create_each(&db, &bell, news).await;
+                metrics::counter!(COMMITS, "path" => path.label()).increment(1);
+                metrics::counter!(COMMITTED, "path" => path.label()).increment(count);
+                outcomes
+            }
+        });
+        Self { writers }
+    }
+
+    /// Writes `new` with the students asked for around the same time; returns once its
+    /// transaction has committed, with the answer it would have had alone.
+    pub async fn create(&self, new: NewStudentRow) -> Result<StudentView, DbErr> {
+        self.writers
+            .submit(new)
+            .await
+            .unwrap_or_else(|| Err(DbErr::Custom("CreateStudent's writers stopped".into())))
+    }
+}
+
+fn describe() {
+    metrics::describe_counter!(
+        COMMITS,
+        "CreateStudent transactions, by path: alone (one student), together (several in one), each (several, one by one after the shared one was refused)"
+    );
+    metrics::describe_counter!(COMMITTED, "Students written by those transactions, by path");
+}
