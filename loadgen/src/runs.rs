@@ -23,7 +23,7 @@ pub struct ClosedRun {
     pub in_flight: usize,
     pub create: Calls,
     /// Students per CreateStudent transaction, on average (student-svc's group commit);
-    /// PostgreSQL only, and only in outbox mode.
+    /// PostgreSQL only, and only in outbox mode with no relay.
     pub students_per_commit: Option<f64>,
     /// With no relay, none: the run measures CreateStudent alone.
     pub links: Option<Links>,
@@ -49,7 +49,9 @@ pub async fn closed(
         let db = platform::db::connect(&system.databases.student_url).await?;
         let since = platform::db::now();
         let create = load::closed_loop(&client, &run_id(), students, in_flight).await;
-        let students_per_commit = if link_mode == "outbox" {
+        // With a relay running, its finalize rewrites the students it links and their
+        // `xmin` names its transaction instead.
+        let students_per_commit = if link_mode == "outbox" && relays == 0 {
             rows::students_per_commit(&db, since).await?
         } else {
             None

@@ -117,9 +117,16 @@ mod tests {
 
     use super::*;
 
-    /// Items queued while the only writer commits are committed together next.
-    #[tokio::test]
-    async fn writes_queued_during_a_commit_form_the_next_batch() {
+    /// The batches a test writer took, in order.
+    type Batches = Arc<StdMutex<Vec<Vec<u32>>>>;
+
+    /// One writer whose batches each wait for `release` before they commit (answering
+    /// each item times ten), and the batches it took.
+    fn held_writer() -> (
+        GroupCommit<u32, u32>,
+        Batches,
+        tokio::sync::watch::Sender<bool>,
+    ) {
         let batches = Arc::new(StdMutex::new(Vec::new()));
         let (release, held) = tokio::sync::watch::channel(false);
         let seen = batches.clone();
@@ -128,28 +135,41 @@ mod tests {
             let mut held = held.clone();
             async move {
                 seen.lock().unwrap().push(items.clone());
-                // The first batch waits until the test has queued the others.
                 let _ = held.wait_for(|released| *released).await;
                 items.into_iter().map(|item| item * 10).collect()
             }
         });
-        let first = tokio::spawn({
-            let writer = writer.clone();
-            async move { writer.submit(1).await }
-        });
-        // Wait until the writer holds the first batch, then queue three more.
+        (writer, batches, release)
+    }
+
+    /// Submits `item` on a task of its own.
+    fn submit(writer: &GroupCommit<u32, u32>, item: u32) -> tokio::task::JoinHandle<Option<u32>> {
+        let writer = writer.clone();
+        tokio::spawn(async move { writer.submit(item).await })
+    }
+
+    /// Waits until the writer holds its first batch.
+    async fn first_batch_taken(batches: &StdMutex<Vec<Vec<u32>>>) {
         while batches.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;
         }
-        let others: Vec<_> = (2..=4)
-            .map(|item| {
-                let writer = writer.clone();
-                tokio::spawn(async move { writer.submit(item).await })
-            })
-            .collect();
-        while writer.queue.max_capacity() - writer.queue.capacity() < 3 {
+    }
+
+    /// Waits until `count` items wait in the queue.
+    async fn queued(writer: &GroupCommit<u32, u32>, count: usize) {
+        while writer.queue.max_capacity() - writer.queue.capacity() < count {
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Items queued while the only writer commits are committed together next.
+    #[tokio::test]
+    async fn writes_queued_during_a_commit_form_the_next_batch() {
+        let (writer, batches, release) = held_writer();
+        let first = submit(&writer, 1);
+        first_batch_taken(&batches).await;
+        let others: Vec<_> = (2..=4).map(|item| submit(&writer, item)).collect();
+        queued(&writer, 3).await;
         release.send(true).unwrap();
         assert_eq!(first.await.unwrap(), Some(10));
         let mut answers = Vec::new();
@@ -168,41 +188,17 @@ mod tests {
     /// A write whose caller gave up while it waited is left out of its batch.
     #[tokio::test]
     async fn a_write_whose_caller_gave_up_while_waiting_is_left_out() {
-        let batches = Arc::new(StdMutex::new(Vec::new()));
-        let (release, held) = tokio::sync::watch::channel(false);
-        let seen = batches.clone();
-        let writer = GroupCommit::start(1, 16, move |items: Vec<u32>| {
-            let seen = seen.clone();
-            let mut held = held.clone();
-            async move {
-                seen.lock().unwrap().push(items.clone());
-                let _ = held.wait_for(|released| *released).await;
-                items
-            }
-        });
-        let first = tokio::spawn({
-            let writer = writer.clone();
-            async move { writer.submit(1).await }
-        });
-        while batches.lock().unwrap().is_empty() {
-            tokio::task::yield_now().await;
-        }
-        let given_up = tokio::spawn({
-            let writer = writer.clone();
-            async move { writer.submit(2).await }
-        });
-        while writer.queue.max_capacity() == writer.queue.capacity() {
-            tokio::task::yield_now().await;
-        }
+        let (writer, batches, release) = held_writer();
+        let first = submit(&writer, 1);
+        first_batch_taken(&batches).await;
+        let given_up = submit(&writer, 2);
+        queued(&writer, 1).await;
         given_up.abort();
         let _ = given_up.await;
-        let kept = tokio::spawn({
-            let writer = writer.clone();
-            async move { writer.submit(3).await }
-        });
+        let kept = submit(&writer, 3);
         release.send(true).unwrap();
-        assert_eq!(first.await.unwrap(), Some(1));
-        assert_eq!(kept.await.unwrap(), Some(3));
+        assert_eq!(first.await.unwrap(), Some(10));
+        assert_eq!(kept.await.unwrap(), Some(30));
         assert_eq!(*batches.lock().unwrap(), [vec![1], vec![3]]);
     }
 

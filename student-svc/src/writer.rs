@@ -9,15 +9,19 @@
 //! arriving when a writer is free, is written at once and waits for nobody.
 
 use platform::group_commit::GroupCommit;
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 use student_store::{
     students::{self as store, NewStudentRow, StudentView},
     wake::RelayBell,
 };
 
-/// Transactions committing at once. Two: while one waits for its disk sync, the other
-/// takes the requests that arrived meanwhile.
-const WRITERS: usize = 2;
+/// Transactions committing at once on PostgreSQL. Two: while one waits for its WAL flush,
+/// the other takes the requests that arrived meanwhile.
+const POSTGRES_WRITERS: usize = 2;
+
+/// On SQLite one: it has one write lock, and a second writer would only wait for it (in
+/// the busy handler's sleeps).
+const SQLITE_WRITERS: usize = 1;
 
 /// Most students in one transaction: a group of requests that arrived together (at most
 /// the requests in flight), well within a statement's bind limit.
@@ -38,7 +42,11 @@ impl StudentWriter {
     /// Starts the writers (inside a Tokio runtime); they stop with the last handle.
     pub fn start(db: DatabaseConnection, bell: RelayBell) -> Self {
         describe();
-        let writers = GroupCommit::start(WRITERS, MAX_GROUP, move |news| {
+        let count = match db.get_database_backend() {
+            DbBackend::Postgres => POSTGRES_WRITERS,
+            _ => SQLITE_WRITERS,
+        };
+        let writers = GroupCommit::start(count, MAX_GROUP, move |news| {
             let (db, bell) = (db.clone(), bell.clone());
             async move {
                 let count = news.len() as u64;

@@ -90,6 +90,26 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         "{student}"
     );
 
+    // student-svc's group commit: the three students written, in one to three
+    // transactions, by path (a group only where requests overlapped).
+    let paths = ["alone", "together", "each"];
+    let committed: f64 = paths
+        .iter()
+        .map(|path| {
+            sample(
+                &student,
+                "student_create_committed_total",
+                &[("path", path)],
+            )
+        })
+        .sum();
+    let commits: f64 = paths
+        .iter()
+        .map(|path| sample(&student, "student_create_commits_total", &[("path", path)]))
+        .sum();
+    assert_eq!(committed, 3.0, "{student}");
+    assert!((1.0..=3.0).contains(&commits), "{student}");
+
     // users-svc: three users executed through the inbox, in one to three calls (rows the
     // relay finds waiting together share a CreateUsers call).
     let users = scrape(users_metrics).await;
