@@ -114,8 +114,9 @@ pub async fn create_many(
 
 /// Writes each of `news` and gives back each one's own outcome, in order: all in one
 /// transaction ([`create_many`]) when they can be; when the database refuses that one (a
-/// unique violation names no student, a deadlock), nothing was written, and each is
-/// written on its own so that each gets the answer it would have got alone. An error with
+/// unique violation, which does not say whose row broke it; a deadlock), nothing was
+/// written, and each is written on its own so that each gets the answer it would have got
+/// alone. An error with
 /// no answer from the database (a lost connection) is every student's.
 ///
 /// This is what CreateStudent's group commit runs (student-svc `writer.rs`): students
@@ -125,10 +126,10 @@ pub async fn create_each(
     bell: &RelayBell,
     news: Vec<NewStudentRow>,
 ) -> (CommitPath, Vec<Result<StudentView, DbErr>>) {
-    if let [_] = news.as_slice() {
-        let outcomes = join_all(news.into_iter().map(|new| create(db, bell, new))).await;
-        return (CommitPath::Alone, outcomes);
-    }
+    let news = match <[NewStudentRow; 1]>::try_from(news) {
+        Ok([new]) => return (CommitPath::Alone, vec![create(db, bell, new).await]),
+        Err(news) => news,
+    };
     let err = match create_many(db, bell, news.clone()).await {
         Ok(views) => return (CommitPath::Together, views.into_iter().map(Ok).collect()),
         Err(err) => err,
@@ -222,8 +223,8 @@ fn new_rows(
 }
 
 /// The statement CreateStudent runs on PostgreSQL for `news` (with the relays woken after
-/// the commit, the default), for the tests that hold `bench/pgbench/create_student.sql`
-/// and `create_students.sql` to it.
+/// the commit, the default), for the test that holds `bench/pgbench/create_student.sql` to
+/// it (one student; a group adds a `VALUES` row per student).
 pub fn create_statement(news: Vec<NewStudentRow>) -> Statement {
     let rows = news
         .into_iter()
