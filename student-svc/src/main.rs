@@ -10,6 +10,7 @@ async fn main() -> anyhow::Result<()> {
     let link = config.link()?;
     let shutdown = platform::shutdown::on_signal()?;
     platform::metrics::serve_if_asked(config.metrics_addr, &shutdown).await?;
+    student_svc::writer::describe();
     let db = student_svc::open_database(&config.database_url, config.db_max_connections).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -41,7 +41,6 @@ pub struct StudentWriter {
 impl StudentWriter {
     /// Starts the writers (inside a Tokio runtime); they stop with the last handle.
     pub fn start(db: DatabaseConnection, bell: RelayBell) -> Self {
-        describe();
         let count = match db.get_database_backend() {
             DbBackend::Postgres => POSTGRES_WRITERS,
             _ => SQLITE_WRITERS,
@@ -69,7 +68,8 @@ impl StudentWriter {
     }
 }
 
-fn describe() {
+/// Gives the writer's metrics their help text; call once after the recorder is installed.
+pub fn describe() {
     metrics::describe_counter!(
         COMMITS,
         "CreateStudent transactions, by path: alone (one student), together (several in one), each (several, one by one after the shared one was refused)"
