@@ -1,7 +1,10 @@
 //! What the Student DB's own rows say: when each `create-user` row was written and when it
 //! was done. Link latency comes from these timestamps, not from polling the API under load.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
@@ -13,6 +16,8 @@ use student_store::{
     effect::CREATE_USER,
     entity::outbox::{self, OutboxStatus},
 };
+
+use users_svc::entity::inbox;
 
 use crate::stats::{Latency, ratio};
 
@@ -85,6 +90,62 @@ pub async fn links(
         rows: rows.len(),
         latency: Latency::of(latencies),
         per_second: ratio(rows.len() as f64, seconds),
+    })
+}
+
+/// Where link latency goes, row by row, split at the moment Users saved the user (its
+/// inbox row's `created_at`, taken before its transaction commits; one machine, one clock).
+#[derive(Debug, Clone, Serialize)]
+pub struct Stages {
+    /// Row written → Users saving the user: CreateStudent's commit, the wake-up, the
+    /// claim, the call.
+    pub to_users: Latency,
+    /// Users saving the user → row done: Users' commit, the answer, the wait for the
+    /// finalize (its own commit is not counted: `processed_at` is taken before it).
+    pub after_users: Latency,
+}
+
+impl std::fmt::Display for Stages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "written → Users saved {}; Users saved → done {}",
+            self.to_users, self.after_users
+        )
+    }
+}
+
+/// The two stages of every create-user row written since `since` and done, matched with
+/// the Users inbox row of its idempotency key.
+pub async fn stages(
+    student: &DatabaseConnection,
+    users: &DatabaseConnection,
+    since: DateTime<Utc>,
+) -> anyhow::Result<Stages> {
+    let saved: HashMap<String, DateTime<Utc>> = inbox::Entity::find()
+        .filter(inbox::Column::CreatedAt.gte(since))
+        .all(users)
+        .await?
+        .into_iter()
+        .map(|row| (row.idempotency_key, row.created_at))
+        .collect();
+    let rows = outbox::Entity::find()
+        .filter(outbox::Column::EffectType.eq(CREATE_USER))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
+        .filter(outbox::Column::CreatedAt.gte(since))
+        .all(student)
+        .await?;
+    let (mut to_users, mut after_users) = (Vec::new(), Vec::new());
+    for row in rows {
+        if let (Some(saved_at), Some(done_at)) = (saved.get(&row.idempotency_key), row.processed_at)
+        {
+            to_users.extend((*saved_at - row.created_at).to_std().ok());
+            after_users.extend((done_at - *saved_at).to_std().ok());
+        }
+    }
+    Ok(Stages {
+        to_users: Latency::of(to_users),
+        after_users: Latency::of(after_users),
     })
 }
 

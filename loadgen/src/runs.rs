@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{
     load::{self, Calls},
-    rows::{self, Links},
+    rows::{self, Links, Stages},
     stats::ProcessCost,
     system::{Backend, Options, System},
 };
@@ -86,6 +86,7 @@ pub struct OpenRun {
     pub seconds: f64,
     pub create: Calls,
     pub links: Links,
+    pub stages: Stages,
     pub processes: Vec<ProcessCost>,
 }
 
@@ -108,13 +109,17 @@ pub async fn open(
         let create = load::open_loop(&client, &run_id(), rate, duration).await;
         rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
         let links = rows::links(&db, since, None).await?;
+        let users_db = platform::db::connect(&system.databases.users_url).await?;
+        let stages = rows::stages(&db, &users_db, since).await?;
         let processes = system.costs();
         db.close().await.ok();
+        users_db.close().await.ok();
         anyhow::Ok(OpenRun {
             rate,
             seconds: duration.as_secs_f64(),
             create,
             links,
+            stages,
             processes,
         })
     }

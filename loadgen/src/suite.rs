@@ -363,6 +363,7 @@ fn print_open(run: &runs::OpenRun) {
         "open loop {:.0}/s for {:.0} s: CreateStudent {}; link latency {}",
         run.rate, run.seconds, run.create.latency, run.links.latency
     );
+    println!("  {}", run.stages);
 }
 
 fn print_drain(run: &runs::DrainRun, ceiling: Option<f64>) {

@@ -1,5 +1,5 @@
-//! Finishing many deliveries with two statements instead of two per row: the relay's group
-//! commit ([`crate::outbox::record_deliveries`]) tries this first.
+//! Finishing many deliveries set-based instead of two statements per row: the relay's
+//! group commit ([`crate::outbox::record_deliveries`]) tries this first.
 //!
 //! The answers go in as a `VALUES` list, and each statement joins it (`UPDATE … FROM`,
 //! PostgreSQL and SQLite alike):
@@ -8,14 +8,22 @@
 //! 2. the students of the rows that became `done` are linked and their `synced_version`
 //!    raised, each only if the user Users answered with may be theirs.
 //!
-//! If any student refuses its user (a link conflict, a missing student), the two
-//! statements cannot tell which row must stay undone: the caller rolls the transaction
-//! back and records the batch row by row, each with its own savepoint, which can.
+//! On SQLite the two run in one transaction. If any student refuses its user (a link
+//! conflict, a missing student), they cannot tell which row must stay undone: the caller
+//! rolls the transaction back and records the batch row by row, each with its own
+//! savepoint, which can.
+//!
+//! On PostgreSQL both are one statement, its own transaction ([`finish_in_one_statement`]):
+//! no `BEGIN`, no `COMMIT`, one round trip instead of four. It locks and checks each row
+//! and its student before it writes either, so it finishes exactly the rows whose claim
+//! holds and whose student takes the user, and leaves the others as they were.
 
 use std::collections::HashSet;
 
 use platform::db::now;
-use sea_orm::{ActiveEnum as _, ConnectionTrait, DbBackend, DbErr, Statement, Value};
+use sea_orm::{
+    ActiveEnum as _, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value,
+};
 
 use crate::{
     entity::outbox::{self, OutboxStatus},
@@ -159,6 +167,117 @@ pub(crate) fn link_statement(
                    OR (answered.created AND students.user_id IS NULL))
         RETURNING id"#,
         at = sql.bind(now()),
+    );
+    sql.statement(text)
+}
+
+/// What [`finish_in_one_statement`] did with one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// `done`, its student linked.
+    Done,
+    /// No longer held by its claim: nothing written.
+    ClaimLost,
+    /// Still held, but its student does not take the user (or is gone): nothing written.
+    Refused,
+}
+
+/// PostgreSQL: finishes `deliveries` in ONE statement, which is its own transaction.
+/// Returns what it did with each row, in order.
+///
+/// Rows of one student must not share a batch (see [`finish_all`]).
+pub(crate) async fn finish_in_one_statement(
+    db: &DatabaseConnection,
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> Result<Vec<Finish>, DbErr> {
+    let rows = db
+        .query_all_raw(one_statement(relay_id, deliveries))
+        .await?;
+    let mut held = HashSet::new();
+    let mut done = HashSet::new();
+    for row in &rows {
+        let id: i64 = row.try_get("", "id")?;
+        held.insert(id);
+        if row.try_get::<bool>("", "done")? {
+            done.insert(id);
+        }
+    }
+    Ok(deliveries
+        .iter()
+        .map(
+            |(row, _)| match (held.contains(&row.id), done.contains(&row.id)) {
+                (_, true) => Finish::Done,
+                (true, false) => Finish::Refused,
+                (false, false) => Finish::ClaimLost,
+            },
+        )
+        .collect())
+}
+
+/// The text and values of the PostgreSQL statement that finishes a batch.
+///
+/// `held` locks each row still held by its claim (`FOR UPDATE` re-checks the fence on the
+/// row's newest version), then `accepted` locks the student of each and keeps the rows
+/// whose student may take the user, checked the same way. Both locks are taken before
+/// anything is written, row before student as every other finish takes them, and stay
+/// until the statement commits: so `done` and `linked` change exactly the rows and students
+/// of `accepted`, and a row is never `done` without its student showing it.
+pub(crate) fn one_statement(
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> Statement {
+    let mut sql = Sql::new(DbBackend::Postgres);
+    let answered = sql.values_list(deliveries.iter().map(|(row, delivered)| {
+        [
+            row.id.into(),
+            row.attempts.into(),
+            row.idempotency_key.as_str().into(),
+            row.aggregate_id.into(),
+            row.aggregate_version.into(),
+            delivered.user_id().into(),
+            matches!(delivered, Delivered::UserCreated(_)).into(),
+        ]
+    }));
+    let processing = sql.bind(OutboxStatus::Processing.to_value());
+    let relay = sql.bind(relay_id);
+    let done = sql.bind(OutboxStatus::Done.to_value());
+    let at = sql.bind(now());
+    let text = format!(
+        r#"WITH answered (row_id, attempt, key, student_id, version, user_id, created) AS (VALUES {answered}),
+             held AS MATERIALIZED (
+               SELECT answered.* FROM answered JOIN outbox ON outbox.id = answered.row_id
+                WHERE outbox.status = {processing}
+                  AND outbox.locked_by = {relay}
+                  AND outbox.attempts = answered.attempt
+                  AND outbox.idempotency_key = answered.key
+                ORDER BY answered.row_id
+                  FOR UPDATE OF outbox),
+             accepted AS MATERIALIZED (
+               SELECT held.* FROM held JOIN students ON students.id = held.student_id
+                WHERE students.user_id = held.user_id
+                   OR (held.created AND students.user_id IS NULL)
+                  FOR UPDATE OF students),
+             done AS (
+               UPDATE outbox
+                  SET status = {done}, result = accepted.user_id::text, processed_at = {at},
+                      last_error = NULL, error_code = NULL, locked_by = NULL, locked_until = NULL
+                 FROM accepted
+                WHERE outbox.id = accepted.row_id
+               RETURNING outbox.id),
+             linked AS (
+               UPDATE students
+                  SET synced_version = CASE WHEN students.synced_version < accepted.version
+                                            THEN accepted.version
+                                            ELSE students.synced_version END,
+                      user_id = CASE WHEN accepted.created THEN accepted.user_id
+                                     ELSE students.user_id END,
+                      updated_at = CASE WHEN accepted.created THEN {at}
+                                        ELSE students.updated_at END
+                 FROM accepted
+                WHERE students.id = accepted.student_id
+               RETURNING students.id)
+        SELECT held.row_id AS id, held.row_id IN (SELECT id FROM done) AS done FROM held"#,
     );
     sql.statement(text)
 }

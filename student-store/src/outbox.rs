@@ -34,7 +34,7 @@ use crate::{
         outbox::{self, FailureKind, OutboxStatus},
         students,
     },
-    finish_many,
+    finish_many::{self, Finish},
 };
 
 /// Why an attempt did not succeed: a stable reason and a readable message, stored apart
@@ -190,16 +190,19 @@ pub async fn record_delivery(
     finish_delivery(db, row, finish, delivered).await
 }
 
-/// The two statements a group commit of `deliveries` runs when every row is still held
-/// (see `finish_many`): the rows become `done`, then their students are linked. For the
-/// test that holds `bench/pgbench/link.sql` to them.
+/// The statements a group commit of `deliveries` runs when every row is still held (see
+/// `finish_many`): on PostgreSQL one; on SQLite the rows become `done`, then their
+/// students are linked. For the test that holds `bench/pgbench/link.sql` to them.
 pub fn record_statements(
     backend: DbBackend,
     relay_id: &str,
     deliveries: &[(outbox::Model, Delivered)],
-) -> [Statement; 2] {
+) -> Vec<Statement> {
+    if backend == DbBackend::Postgres {
+        return vec![finish_many::one_statement(relay_id, deliveries)];
+    }
     let held: Vec<_> = deliveries.iter().collect();
-    [
+    vec![
         finish_many::done_statement(backend, relay_id, deliveries),
         finish_many::link_statement(backend, &held),
     ]
@@ -216,12 +219,14 @@ pub struct Recorded {
 /// rarely go row by row).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchPath {
-    /// One row, in a transaction of its own.
+    /// One row, in a transaction of its own (on PostgreSQL, one statement).
     Alone,
-    /// Two set-based statements for the whole batch.
+    /// Set-based for the whole batch: one statement on PostgreSQL, two in a transaction
+    /// on SQLite.
     Set,
-    /// Row by row, a savepoint each: a student refused its user, or two rows shared a
-    /// student.
+    /// Row by row: a student refused its user, or two rows shared a student (each row in a
+    /// savepoint of its own; on PostgreSQL only the refused rows, each alone, after the
+    /// statement finished the others).
     RowByRow,
 }
 
@@ -240,14 +245,20 @@ impl BatchPath {
 /// claim lost, a link conflict) changes nothing while the others commit. Returns each
 /// row's result, in order; an error of the transaction itself records none.
 ///
-/// Two set-based statements record the whole batch ([`crate::finish_many`]). When a
-/// student refuses its user they roll back, and the batch is recorded row by row, each in a
-/// savepoint of its own (as is a batch in which two rows share a student).
+/// Set-based statements record the whole batch ([`crate::finish_many`]): on PostgreSQL one,
+/// which is its own transaction; on SQLite two, which roll back when a student refuses its
+/// user, and the batch is then recorded row by row, each in a savepoint of its own (as is
+/// a batch in which two rows share a student, on both).
 pub async fn record_deliveries(
     db: &DatabaseConnection,
     relay_id: &str,
     deliveries: &[(outbox::Model, Delivered)],
 ) -> Result<Recorded, DbErr> {
+    let students: HashSet<Uuid> = deliveries.iter().map(|(row, _)| row.aggregate_id).collect();
+    let one_per_student = students.len() == deliveries.len();
+    if db.get_database_backend() == DbBackend::Postgres && one_per_student {
+        return record_in_one_statement(db, relay_id, deliveries).await;
+    }
     // A lone row needs no savepoint: its transaction is its own (two round trips fewer,
     // which is what a lightly loaded relay records).
     if let [(row, delivered)] = deliveries {
@@ -261,8 +272,7 @@ pub async fn record_deliveries(
     }
     // The whole batch in two statements, when no two rows share a student (see
     // `finish_many`).
-    let students: HashSet<Uuid> = deliveries.iter().map(|(row, _)| row.aggregate_id).collect();
-    if students.len() == deliveries.len() {
+    if one_per_student {
         let txn = begin_write(db).await?;
         match finish_many::finish_all(&txn, relay_id, deliveries).await? {
             Some(results) => {
@@ -303,6 +313,38 @@ pub async fn record_deliveries(
         results,
         path: BatchPath::RowByRow,
     })
+}
+
+/// PostgreSQL: the batch in one statement, its own transaction ([`finish_many`]). A row
+/// whose student refused its user is then recorded alone, which finds out why (and
+/// records it after all, should the student have changed meanwhile).
+async fn record_in_one_statement(
+    db: &DatabaseConnection,
+    relay_id: &str,
+    deliveries: &[(outbox::Model, Delivered)],
+) -> Result<Recorded, DbErr> {
+    // Crash point: the statement is the transaction. Before it commits every row is still
+    // leased and will be delivered again, Users answering from its inbox; after it, every
+    // row it finished is done and its student linked.
+    let finished = finish_many::finish_in_one_statement(db, relay_id, deliveries).await?;
+    let mut path = match deliveries {
+        [_] => BatchPath::Alone,
+        _ => BatchPath::Set,
+    };
+    let mut results = Vec::with_capacity(deliveries.len());
+    for ((row, delivered), finish) in deliveries.iter().zip(finished) {
+        results.push(match finish {
+            Finish::Done => Ok(()),
+            Finish::ClaimLost => Err(RecordError::ClaimLost(row.id)),
+            Finish::Refused => {
+                if path == BatchPath::Set {
+                    path = BatchPath::RowByRow;
+                }
+                record_delivery(db, row, relay_id, *delivered).await
+            }
+        });
+    }
+    Ok(Recorded { results, path })
 }
 
 /// Records a `failed` row's delivery and marks it `done`, for `retry-failed`: Users' inbox

@@ -927,9 +927,9 @@ async fn on_a_new_outbox_the_relays_claim_walks_the_index_in_id_order() {
 }
 
 /// PostgreSQL only: the group commit in `bench/pgbench/link.sql` (after its claim) is the
-/// relay's: the same two statements, rows made `done` under the same fence, then their
-/// students linked, once values are set aside (the script picks its rows with a
-/// sub-select where the relay binds a `VALUES` list).
+/// relay's: the same one statement, rows locked and fenced, students checked, both
+/// updated, once values are set aside (the script picks its rows with a sub-select where
+/// the relay binds a `VALUES` list).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_pgbench_link_script_records_as_the_relays_group_commit_does() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
@@ -947,16 +947,17 @@ async fn the_pgbench_link_script_records_as_the_relays_group_commit_does() {
         .iter()
         .map(|statement| pgbench::shapes(&statement.sql).remove(0))
         .collect();
-    let script: Vec<String> = pgbench::shapes(&pgbench::script("link.sql"))
-        .into_iter()
-        .filter(|shape| shape.starts_with("WITH answered"))
-        .collect();
-    // The CTE's columns and everything from the UPDATE on.
+    // After the claim (which ends in pgbench's `\gset`, not a `;`).
+    let script = pgbench::script("link.sql");
+    let after_claim = &script[script.find("WITH answered").expect("the group commit")..];
+    let script = pgbench::shapes(after_claim);
+    // The CTE's columns and everything from the row locks on.
     let what = |shape: &String| {
         let columns = &shape[..shape.find(" AS (").expect("a CTE")];
-        let update = &shape[shape.find("UPDATE").expect("an UPDATE")..];
-        format!("{columns} … {update}")
+        let rest = &shape[shape.find("held AS MATERIALIZED").expect("the row locks")..];
+        format!("{columns} … {rest}")
     };
+    assert_eq!(relays.len(), 1, "one statement");
     assert_eq!(
         script.iter().map(what).collect::<Vec<_>>(),
         relays.iter().map(what).collect::<Vec<_>>()
