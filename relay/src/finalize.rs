@@ -1,6 +1,6 @@
 //! Group commit of finished deliveries: rows Users has answered are recorded many to one
-//! transaction (two statements for the batch, see `student_store::outbox::record_deliveries`)
-//! instead of one transaction each. Every commit is a disk sync (SQLite `FULL`, PostgreSQL's WAL
+//! transaction (one statement for the batch on PostgreSQL, two on SQLite, see
+//! `student_store::outbox::record_deliveries`) instead of one transaction each. Every commit is a disk sync (SQLite `FULL`, PostgreSQL's WAL
 //! flush); answers that arrive while one batch commits form the next, so the batch grows
 //! with the load and a lone answer is recorded at once.
 

@@ -61,7 +61,7 @@ pub fn finalize_batch(path: BatchPath) {
 pub fn describe() {
     metrics::describe_counter!(
         FINALIZE_BATCHES,
-        "Batches of answered rows recorded, by path: alone (one row), set (two statements), row_by_row (a student refused its user)"
+        "Batches of answered rows recorded, by path: alone (one row), set (set-based: one statement on PostgreSQL, two on SQLite), row_by_row (a student refused its user)"
     );
     metrics::describe_counter!(
         DELIVERIES,

@@ -30,10 +30,10 @@ use crate::{
     outbox::{Delivered, RecordError},
 };
 
-/// What the two statements did, when they could decide every row.
+/// What the two statements (SQLite) did, when they could decide every row.
 pub(crate) type Finished = Vec<Result<(), RecordError>>;
 
-/// Runs the two statements inside the caller's transaction `txn`. Returns each row's
+/// SQLite: runs the two statements inside the caller's transaction `txn`. Returns each row's
 /// result in order, or `None` when a student refused its user: the caller must then roll
 /// `txn` back (the statements have written) and record the rows one by one.
 ///

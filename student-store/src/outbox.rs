@@ -270,7 +270,7 @@ pub async fn record_deliveries(
             }),
         };
     }
-    // The whole batch in two statements, when no two rows share a student (see
+    // SQLite: the whole batch in two statements, when no two rows share a student (see
     // `finish_many`).
     if one_per_student {
         let txn = begin_write(db).await?;

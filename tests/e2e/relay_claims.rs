@@ -570,7 +570,7 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
     )
     .await
     .expect("second batch");
-    // The refused link sends the first batch row by row; the second takes two statements.
+    // The refused link sends the first batch row by row; the second is set-based.
     assert_eq!(
         (first.path, second.path),
         (store::BatchPath::RowByRow, store::BatchPath::Set)
