@@ -38,8 +38,8 @@ WITH answered (row_id, attempt, key, student_id, version, user_id, created) AS (
           FOR UPDATE OF outbox),
      accepted AS MATERIALIZED (
        SELECT held.* FROM held JOIN students ON students.id = held.student_id
-        WHERE students.user_id = held.user_id
-           OR (held.created AND students.user_id IS NULL)
+        WHERE (students.user_id = held.user_id
+               OR (held.created AND students.user_id IS NULL))
           FOR UPDATE OF students),
      done AS (
        UPDATE outbox

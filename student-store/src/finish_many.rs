@@ -151,24 +151,44 @@ pub(crate) fn link_statement(
             matches!(delivered, Delivered::UserCreated(_)).into(),
         ]
     }));
+    let at = sql.bind(now());
     let text = format!(
         r#"WITH answered (student_id, version, user_id, created) AS (VALUES {answered})
            UPDATE students
-              SET synced_version = CASE WHEN students.synced_version < answered.version
-                                        THEN answered.version
-                                        ELSE students.synced_version END,
-                  user_id = CASE WHEN answered.created THEN answered.user_id
-                                 ELSE students.user_id END,
-                  updated_at = CASE WHEN answered.created THEN {at}
-                                    ELSE students.updated_at END
+              SET {link}
              FROM answered
             WHERE students.id = answered.student_id
-              AND (students.user_id = answered.user_id
-                   OR (answered.created AND students.user_id IS NULL))
+              AND {may_take}
         RETURNING id"#,
-        at = sql.bind(now()),
+        link = link_assignments("answered", &at),
+        may_take = may_take_user("answered"),
     );
     sql.statement(text)
+}
+
+/// Whether a student may take the user of the answer in `answer` (a table or CTE with
+/// `user_id` and `created`): for a created user, none linked yet or that same one; for a
+/// changed user, the one linked. Both the SQLite and the PostgreSQL finish check it.
+fn may_take_user(answer: &str) -> String {
+    format!(
+        "(students.user_id = {answer}.user_id
+          OR ({answer}.created AND students.user_id IS NULL))"
+    )
+}
+
+/// The `SET` list that links a student to the user of the answer in `answer` (with
+/// `version`, `user_id`, `created`): `synced_version` raised to the row's version, never
+/// lowered; a created user linked, and `updated_at` moved to `at` with it.
+fn link_assignments(answer: &str, at: &str) -> String {
+    format!(
+        "synced_version = CASE WHEN students.synced_version < {answer}.version
+                               THEN {answer}.version
+                               ELSE students.synced_version END,
+         user_id = CASE WHEN {answer}.created THEN {answer}.user_id
+                        ELSE students.user_id END,
+         updated_at = CASE WHEN {answer}.created THEN {at}
+                           ELSE students.updated_at END"
+    )
 }
 
 /// What [`finish_in_one_statement`] did with one row.
@@ -255,8 +275,7 @@ pub(crate) fn one_statement(
                   FOR UPDATE OF outbox),
              accepted AS MATERIALIZED (
                SELECT held.* FROM held JOIN students ON students.id = held.student_id
-                WHERE students.user_id = held.user_id
-                   OR (held.created AND students.user_id IS NULL)
+                WHERE {may_take}
                   FOR UPDATE OF students),
              done AS (
                UPDATE outbox
@@ -267,17 +286,13 @@ pub(crate) fn one_statement(
                RETURNING outbox.id),
              linked AS (
                UPDATE students
-                  SET synced_version = CASE WHEN students.synced_version < accepted.version
-                                            THEN accepted.version
-                                            ELSE students.synced_version END,
-                      user_id = CASE WHEN accepted.created THEN accepted.user_id
-                                     ELSE students.user_id END,
-                      updated_at = CASE WHEN accepted.created THEN {at}
-                                        ELSE students.updated_at END
+                  SET {link}
                  FROM accepted
                 WHERE students.id = accepted.student_id
                RETURNING students.id)
         SELECT held.row_id AS id, held.row_id IN (SELECT id FROM done) AS done FROM held"#,
+        may_take = may_take_user("held"),
+        link = link_assignments("accepted", &at),
     );
     sql.statement(text)
 }

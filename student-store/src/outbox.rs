@@ -243,7 +243,9 @@ impl BatchPath {
 /// Records several deliveries as [`record_delivery`] does, in ONE transaction: one commit
 /// (one disk sync) for all of them instead of one each. A row that cannot be recorded (its
 /// claim lost, a link conflict) changes nothing while the others commit. Returns each
-/// row's result, in order; an error of the transaction itself records none.
+/// row's result, in order; an error of the transaction itself records none. (On
+/// PostgreSQL a row whose student refused its user is looked at again alone, after the
+/// others committed.)
 ///
 /// Set-based statements record the whole batch ([`crate::finish_many`]): on PostgreSQL one,
 /// which is its own transaction; on SQLite two, which roll back when a student refuses its
