@@ -11,8 +11,9 @@
 //! never cancels a batch that holds other callers' writes. Its own write is left out if
 //! it is still waiting when its batch is taken, and committed if it is already in one.
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, panic::AssertUnwindSafe, sync::Arc};
 
+use futures::FutureExt as _;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 /// One write waiting for its batch, and who waits for its outcome.
@@ -102,7 +103,16 @@ async fn write_batches<I, O, F, Fut>(
             .into_iter()
             .map(|waiting| (waiting.item, waiting.reply))
             .unzip();
-        let outcomes = commit(items).await;
+        // Should the commit panic (a bug), its callers get no outcome (`submit` gives them
+        // `None`; an open transaction rolls back as the panic unwinds) and this writer goes
+        // on with the next batch, instead of leaving every later write without a writer.
+        let outcomes = match AssertUnwindSafe(commit(items)).catch_unwind().await {
+            Ok(outcomes) => outcomes,
+            Err(_) => {
+                tracing::error!("a group commit panicked; its callers get no answer");
+                continue;
+            }
+        };
         // A caller that gave up during the commit has dropped its receiver; its outcome is
         // simply not read.
         for (reply, outcome) in replies.into_iter().zip(outcomes) {
@@ -222,5 +232,18 @@ mod tests {
         }
         assert!(sizes.lock().unwrap().iter().all(|size| *size <= 2));
         assert_eq!(sizes.lock().unwrap().iter().sum::<usize>(), 7);
+    }
+
+    /// The only writer (as on SQLite) outlives a commit that panics: that batch's caller
+    /// gets no outcome, the next caller its own.
+    #[tokio::test]
+    async fn a_commit_that_panics_fails_its_batch_and_the_writer_goes_on() {
+        let writer = GroupCommit::start(1, 16, |items: Vec<u32>| async move {
+            assert!(!items.contains(&0), "a bug in the commit");
+            items.into_iter().map(|item| item * 10).collect()
+        });
+        assert_eq!(writer.submit(0).await, None);
+        assert_eq!(writer.submit(1).await, Some(10));
+        assert_eq!(writer.submit(2).await, Some(20));
     }
 }

@@ -70,5 +70,7 @@ async fn record_batch(
 }
 
 fn stopped() -> RecordError {
-    RecordError::Db(DbErr::Custom("the relay is stopping".into()))
+    RecordError::Db(DbErr::Custom(
+        "not recorded: the relay is stopping, or its batch failed".into(),
+    ))
 }

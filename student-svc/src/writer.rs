@@ -61,10 +61,11 @@ impl StudentWriter {
     /// Writes `new` with the students asked for around the same time; returns once its
     /// transaction has committed, with the answer it would have had alone.
     pub async fn create(&self, new: NewStudentRow) -> Result<StudentView, DbErr> {
-        self.writers
-            .submit(new)
-            .await
-            .unwrap_or_else(|| Err(DbErr::Custom("CreateStudent's writers stopped".into())))
+        self.writers.submit(new).await.unwrap_or_else(|| {
+            Err(DbErr::Custom(
+                "CreateStudent's write got no answer: its writer stopped or failed".into(),
+            ))
+        })
     }
 }
 
