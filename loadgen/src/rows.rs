@@ -9,7 +9,7 @@ use std::{
 use chrono::{DateTime, Utc};
 use sea_orm::{
     ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait,
-    QueryFilter, Statement,
+    QueryFilter, Select, Statement,
 };
 use serde::Serialize;
 use student_store::{
@@ -42,12 +42,7 @@ pub async fn wait_until_done(
     let deadline = Instant::now() + timeout;
     let mut last_print = Instant::now();
     loop {
-        let done = outbox::Entity::find()
-            .filter(outbox::Column::EffectType.eq(CREATE_USER))
-            .filter(outbox::Column::Status.eq(OutboxStatus::Done))
-            .filter(outbox::Column::CreatedAt.gte(since))
-            .count(db)
-            .await? as usize;
+        let done = done_since(since).count(db).await? as usize;
         if done >= expected {
             return Ok(());
         }
@@ -63,19 +58,26 @@ pub async fn wait_until_done(
     }
 }
 
-/// Link latency and rate of the create-user rows written since `since`, measured from
-/// `from` (the first write, or when the relays started for a backlog) to the last done.
-pub async fn links(
-    db: &DatabaseConnection,
-    since: DateTime<Utc>,
-    from: Option<DateTime<Utc>>,
-) -> anyhow::Result<Links> {
-    let rows = outbox::Entity::find()
+/// The create-user rows written since `since` that are done.
+fn done_since(since: DateTime<Utc>) -> Select<outbox::Entity> {
+    outbox::Entity::find()
         .filter(outbox::Column::EffectType.eq(CREATE_USER))
         .filter(outbox::Column::Status.eq(OutboxStatus::Done))
         .filter(outbox::Column::CreatedAt.gte(since))
-        .all(db)
-        .await?;
+}
+
+/// Reads the create-user rows written since `since` that are done, for [`links`] and
+/// [`stages`].
+pub async fn done_rows(
+    db: &DatabaseConnection,
+    since: DateTime<Utc>,
+) -> anyhow::Result<Vec<outbox::Model>> {
+    Ok(done_since(since).all(db).await?)
+}
+
+/// Link latency and rate of `rows` (see [`done_rows`]), measured from `from` (the first
+/// write, or when the relays started for a backlog) to the last done.
+pub fn links(rows: &[outbox::Model], from: Option<DateTime<Utc>>) -> Links {
     let latencies: Vec<Duration> = rows
         .iter()
         .filter_map(|row| (row.processed_at? - row.created_at).to_std().ok())
@@ -86,11 +88,11 @@ pub async fn links(
         (Some(first), Some(last)) => (last - first).to_std().unwrap_or_default().as_secs_f64(),
         _ => 0.0,
     };
-    Ok(Links {
+    Links {
         rows: rows.len(),
         latency: Latency::of(latencies),
         per_second: ratio(rows.len() as f64, seconds),
-    })
+    }
 }
 
 /// Where link latency goes, row by row, split at the moment Users saved the user (its
@@ -115,10 +117,10 @@ impl std::fmt::Display for Stages {
     }
 }
 
-/// The two stages of every create-user row written since `since` and done, matched with
-/// the Users inbox row of its idempotency key.
+/// The two stages of each of `rows` (see [`done_rows`]), matched with the Users inbox row
+/// of its idempotency key; Users' rows are read from `since` on.
 pub async fn stages(
-    student: &DatabaseConnection,
+    rows: &[outbox::Model],
     users: &DatabaseConnection,
     since: DateTime<Utc>,
 ) -> anyhow::Result<Stages> {
@@ -129,12 +131,6 @@ pub async fn stages(
         .into_iter()
         .map(|row| (row.idempotency_key, row.created_at))
         .collect();
-    let rows = outbox::Entity::find()
-        .filter(outbox::Column::EffectType.eq(CREATE_USER))
-        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
-        .filter(outbox::Column::CreatedAt.gte(since))
-        .all(student)
-        .await?;
     let (mut to_users, mut after_users) = (Vec::new(), Vec::new());
     for row in rows {
         if let (Some(saved_at), Some(done_at)) = (saved.get(&row.idempotency_key), row.processed_at)

@@ -58,7 +58,7 @@ pub async fn closed(
         };
         let links = if relays > 0 && link_mode == "outbox" {
             rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
-            Some(rows::links(&db, since, None).await?)
+            Some(rows::links(&rows::done_rows(&db, since).await?, None))
         } else {
             None
         };
@@ -108,9 +108,10 @@ pub async fn open(
         let since = platform::db::now();
         let create = load::open_loop(&client, &run_id(), rate, duration).await;
         rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
-        let links = rows::links(&db, since, None).await?;
+        let done = rows::done_rows(&db, since).await?;
+        let links = rows::links(&done, None);
         let users_db = platform::db::connect(&system.databases.users_url).await?;
-        let stages = rows::stages(&db, &users_db, since).await?;
+        let stages = rows::stages(&done, &users_db, since).await?;
         let processes = system.costs();
         db.close().await.ok();
         users_db.close().await.ok();
@@ -164,7 +165,7 @@ pub async fn drain(
         let started = platform::db::now();
         system.start_relays(relays)?;
         rows::wait_until_done(&db, since, students, LINK_TIMEOUT).await?;
-        let links = rows::links(&db, since, Some(started)).await?;
+        let links = rows::links(&rows::done_rows(&db, since).await?, Some(started));
         let processes = system.costs();
         db.close().await.ok();
         anyhow::Ok(DrainRun {
