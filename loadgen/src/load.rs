@@ -12,13 +12,13 @@ use std::{
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use proto::student::v1::{CreateStudentRequest, student_service_client::StudentServiceClient};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
 use crate::stats::Latency;
 
 /// What a series of CreateStudent calls gave.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Calls {
     pub calls: usize,
     pub errors: usize,

@@ -13,6 +13,7 @@ mod runs;
 mod stats;
 mod suite;
 mod system;
+mod targets;
 
 use clap::Parser as _;
 
@@ -20,7 +21,7 @@ use clap::Parser as _;
 async fn main() -> anyhow::Result<()> {
     let cli = suite::Cli::parse();
     let report = suite::execute(&cli).await?;
-    if let Some(path) = &cli.json {
+    if let Some(path) = cli.json.as_ref().filter(|_| !report.is_null()) {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
         eprintln!("wrote {}", path.display());
     }

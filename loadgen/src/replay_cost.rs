@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use proto::users::v1::{CreateUserRequest, users_service_client::UsersServiceClient};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::{Request, metadata::MetadataValue, transport::Channel};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -15,7 +15,7 @@ use crate::{
     system::{Backend, Options, System},
 };
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReplayCost {
     pub fresh: Latency,
     pub replay: Latency,

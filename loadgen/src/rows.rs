@@ -11,7 +11,7 @@ use sea_orm::{
     ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait,
     QueryFilter, Select, Statement,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use student_store::{
     effect::CREATE_USER,
     entity::outbox::{self, OutboxStatus},
@@ -22,7 +22,7 @@ use users_svc::entity::inbox;
 use crate::stats::{Latency, ratio};
 
 /// How the rows written since a moment were delivered.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Links {
     pub rows: usize,
     /// Row written → row done (relay claimed it, Users answered, link committed).
@@ -97,7 +97,7 @@ pub fn links(rows: &[outbox::Model], from: Option<DateTime<Utc>>) -> Links {
 
 /// Where link latency goes, row by row, split at the moment Users saved the user (its
 /// inbox row's `created_at`, taken before its transaction commits; one machine, one clock).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Stages {
     /// Row written → Users saving the user: CreateStudent's commit, the wake-up, the
     /// claim, the call.

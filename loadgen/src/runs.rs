@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     load::{self, Calls},
@@ -16,7 +16,7 @@ use crate::{
 const LINK_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A closed-loop run: `students` CreateStudents, `in_flight` at a time.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClosedRun {
     pub link_mode: String,
     pub relays: usize,
@@ -80,12 +80,13 @@ pub async fn closed(
 }
 
 /// An open-loop run: CreateStudents at `rate` for `duration`, one relay delivering.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpenRun {
     pub rate: f64,
     pub seconds: f64,
     pub create: Calls,
     pub links: Links,
+    #[serde(default)]
     pub stages: Stages,
     pub processes: Vec<ProcessCost>,
 }
@@ -131,7 +132,7 @@ pub async fn open(
 
 /// A backlog drain: `students` rows written with no relay running, then `relays` relays
 /// started together; the rate counts from their start to the last row done.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DrainRun {
     pub relays: usize,
     pub backlog: usize,

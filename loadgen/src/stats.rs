@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Percentiles of a set of durations, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Latency {
     pub count: usize,
     pub p50_ms: f64,
@@ -46,7 +46,7 @@ impl std::fmt::Display for Latency {
 }
 
 /// What one process cost: CPU seconds (user + system) and its peak resident memory.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProcessCost {
     pub name: String,
     pub cpu_seconds: f64,

@@ -1,13 +1,18 @@
 //! The command line, and what each mode runs and prints.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::{
     ceiling::{self, Ceiling},
+    replay_cost::ReplayCost,
     runs,
     stats::{ProcessCost, ratio},
     system::Backend,
@@ -95,7 +100,7 @@ pub enum Mode {
         #[arg(long, default_value_t = 1000)]
         calls: usize,
     },
-    /// Everything BENCHMARKS.md reports, in one run, as ratios to the ceiling.
+    /// Everything issue 10's targets need, in one run, as ratios to the ceiling.
     Suite {
         /// Rows in each backlog drained, and CreateStudents in each closed-loop run (half
         /// that in each comparison). Enough for several seconds each: with a few thousand a
@@ -106,6 +111,84 @@ pub enum Mode {
         #[arg(long, default_value_t = 15)]
         seconds: u64,
     },
+    /// Judges kept `suite --json` files against issue 10's targets and prints one
+    /// Markdown table each (the tables atop BENCHMARKS.md); starts nothing.
+    Targets {
+        #[arg(required_unless_present = "update")]
+        files: Vec<PathBuf>,
+        /// Instead, print again every table this Markdown file marks
+        /// (`<!-- loadgen targets FILE -->` … `<!-- end loadgen targets -->`), in place.
+        #[arg(long, conflicts_with = "files")]
+        update: Option<PathBuf>,
+    },
+}
+
+/// What `--json` writes: the run's results with where and how they were measured.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report<T> {
+    pub backend: String,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub machine: Machine,
+    pub results: T,
+}
+
+/// What the machine was, as `suite` writes it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Machine {
+    #[serde(default)]
+    pub cpu: String,
+    #[serde(default)]
+    pub cpus: usize,
+    #[serde(default)]
+    pub measured_at: String,
+}
+
+/// The ceilings of one run: the library one, and on PostgreSQL pgbench's too.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ceilings {
+    pub library: Ceiling,
+    pub pgbench: Option<Ceiling>,
+}
+
+impl Ceilings {
+    /// The one results are compared with: pgbench's on PostgreSQL (the database with
+    /// nothing of ours in front), the library one on SQLite.
+    pub fn reference(&self) -> &Ceiling {
+        self.pgbench.as_ref().unwrap_or(&self.library)
+    }
+}
+
+/// Everything one `suite` run measured.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SuiteResults {
+    pub ceiling: Ceilings,
+    pub create_alone: runs::ClosedRun,
+    pub drain: Vec<runs::DrainRun>,
+    pub full_load: runs::ClosedRun,
+    pub open: Vec<runs::OpenRun>,
+    pub compare: Vec<Comparison>,
+    /// Runs older than the suite's replay phase have none.
+    #[serde(default)]
+    pub replay_cost: Option<ReplayCost>,
+}
+
+impl SuiteResults {
+    /// Every process of every run, for their peak memory.
+    pub fn processes(&self) -> impl Iterator<Item = &ProcessCost> {
+        let closed = [&self.create_alone, &self.full_load]
+            .into_iter()
+            .chain(
+                self.compare
+                    .iter()
+                    .flat_map(|comparison| [&comparison.outbox, &comparison.direct]),
+            )
+            .flat_map(|run| &run.processes);
+        closed
+            .chain(self.drain.iter().flat_map(|run| &run.processes))
+            .chain(self.open.iter().flat_map(|run| &run.processes))
+    }
 }
 
 /// Runs the chosen mode, printing as it goes; returns everything as JSON.
@@ -126,6 +209,10 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
         Backend::Sqlite => "sqlite",
         Backend::Postgres { .. } => "postgres",
     };
+    if let Mode::Targets { files, update } = &cli.mode {
+        targets(files, update.as_deref())?;
+        return Ok(Value::Null);
+    }
     println!("backend: {backend_name}; env: {:?}", cli.env);
     let results = match &cli.mode {
         Mode::Closed {
@@ -182,32 +269,55 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
         }
         Mode::ReplayCost { calls } => {
             let cost = crate::replay_cost::measure(&backend, &env, *calls).await?;
-            println!(
-                "CreateUser fresh {}; replayed from the inbox {}; replay ÷ fresh (p50) = {:.2}; \
-                 a call with no database behind it (health check) {}",
-                cost.fresh, cost.replay, cost.ratio, cost.call_floor
-            );
+            print_replay(&cost);
             json!({ "replay_cost": cost })
         }
-        Mode::Suite { backlog, seconds } => suite(&backend, &env, *backlog, *seconds).await?,
+        Mode::Suite { backlog, seconds } => {
+            serde_json::to_value(suite(&backend, &env, *backlog, *seconds).await?)?
+        }
+        // Answered above: it reads files and starts nothing.
+        Mode::Targets { .. } => return Ok(Value::Null),
     };
-    Ok(json!({
-        "backend": backend_name,
-        "env": cli.env,
-        "machine": machine(),
-        "results": results,
-    }))
+    Ok(serde_json::to_value(Report {
+        backend: backend_name.to_owned(),
+        env: cli.env.clone(),
+        machine: machine(),
+        results,
+    })?)
 }
 
-/// The ceilings of `backend`: the library one, and on PostgreSQL pgbench's too. The one
-/// to compare with is pgbench's on PostgreSQL (the database with nothing of ours in front),
-/// the library one on SQLite.
+/// Prints the targets table of each kept file, or prints again those `document` marks.
+fn targets(files: &[PathBuf], document: Option<&Path>) -> anyhow::Result<()> {
+    let Some(document) = document else {
+        for file in files {
+            let report = crate::targets::load(file)?;
+            println!(
+                "{}",
+                crate::targets::markdown(&file.display().to_string(), &report)
+            );
+        }
+        return Ok(());
+    };
+    let text = std::fs::read_to_string(document)
+        .with_context(|| format!("cannot read {}", document.display()))?;
+    let root = document.parent().unwrap_or(Path::new("."));
+    let regenerated = crate::targets::regenerate(&text, root)?;
+    if regenerated != text {
+        std::fs::write(document, regenerated)?;
+        println!("updated the tables in {}", document.display());
+    } else {
+        println!("the tables in {} are up to date", document.display());
+    }
+    Ok(())
+}
+
+/// The ceilings of `backend`: the library one, and on PostgreSQL pgbench's too.
 async fn ceilings(
     backend: &Backend,
     create_clients: usize,
     drain_clients: usize,
     seconds: u64,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<Ceilings> {
     let library = ceiling::library(backend, create_clients, drain_clients, seconds).await?;
     print_ceiling(
         "ceiling (the project's transaction functions, no gRPC)",
@@ -225,20 +335,20 @@ async fn ceilings(
         }
         Backend::Sqlite => None,
     };
-    Ok(json!({ "library": library, "pgbench": pgbench }))
+    Ok(Ceilings { library, pgbench })
 }
 
 /// The outbox flow beside the direct one at one concurrency.
-#[derive(Debug, Serialize)]
-struct Comparison {
-    in_flight: usize,
-    outbox: runs::ClosedRun,
-    direct: runs::ClosedRun,
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Comparison {
+    pub in_flight: usize,
+    pub outbox: runs::ClosedRun,
+    pub direct: runs::ClosedRun,
     /// Students the outbox flow linked per second ÷ CreateStudents direct completed per
     /// second (a direct CreateStudent is linked when it returns).
-    linked_ratio: f64,
+    pub linked_ratio: f64,
     /// CreateStudent p50, outbox ÷ direct.
-    p50_ratio: f64,
+    pub p50_ratio: f64,
 }
 
 /// Outbox, then direct, at each concurrency of `in_flight`, `students` CreateStudents each.
@@ -277,17 +387,9 @@ async fn suite(
     env: &[(String, String)],
     backlog: usize,
     seconds: u64,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<SuiteResults> {
     let ceilings = ceilings(backend, 32, 8, seconds).await?;
-    let reference: Ceiling = serde_json::from_value(
-        ceilings
-            .get("pgbench")
-            .filter(|value| !value.is_null())
-            .or_else(|| ceilings.get("library"))
-            .cloned()
-            .unwrap_or_default(),
-    )
-    .unwrap_or_default();
+    let reference = ceilings.reference().clone();
 
     let create_only = runs::closed(backend, env, "outbox", 0, backlog, 32).await?;
     print_closed("CreateStudent alone, 32 in flight", &create_only);
@@ -327,14 +429,28 @@ async fn suite(
         opens.push(run);
     }
     let comparisons = compare(backend, env, backlog / 2, &[4, 32]).await?;
-    Ok(json!({
-        "ceiling": ceilings,
-        "create_alone": create_only,
-        "drain": drains,
-        "full_load": full,
-        "open": opens,
-        "compare": comparisons,
-    }))
+    let replay = crate::replay_cost::measure(backend, env, REPLAY_CALLS).await?;
+    print_replay(&replay);
+    Ok(SuiteResults {
+        ceiling: ceilings,
+        create_alone: create_only,
+        drain: drains,
+        full_load: full,
+        open: opens,
+        compare: comparisons,
+        replay_cost: Some(replay),
+    })
+}
+
+/// CreateUsers timed one at a time, fresh and then replayed, in a suite.
+const REPLAY_CALLS: usize = 1000;
+
+fn print_replay(cost: &ReplayCost) {
+    println!(
+        "CreateUser fresh {}; replayed from the inbox {}; replay ÷ fresh (p50) = {:.2}; \
+         a call with no database behind it (health check) {}",
+        cost.fresh, cost.replay, cost.ratio, cost.call_floor
+    );
 }
 
 fn print_closed(label: &str, run: &runs::ClosedRun) {
@@ -409,7 +525,7 @@ fn print_costs(costs: &[ProcessCost]) {
 }
 
 /// What the numbers were measured on.
-fn machine() -> Value {
+fn machine() -> Machine {
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -419,5 +535,9 @@ fn machine() -> Value {
                 .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
         })
         .unwrap_or_default();
-    json!({ "cpus": cpus, "cpu": model, "measured_at": platform::db::now() })
+    Machine {
+        cpus,
+        cpu: model,
+        measured_at: platform::db::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    }
 }
