@@ -11,7 +11,7 @@
 use platform::group_commit::GroupCommit;
 use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 use student_store::{
-    students::{self as store, NewStudentRow, StudentView},
+    students::{self as store, CommitPath, NewStudentRow, StudentView},
     wake::RelayBell,
 };
 
@@ -27,9 +27,9 @@ const SQLITE_WRITERS: usize = 1;
 /// the requests in flight), well within a statement's bind limit.
 const MAX_GROUP: usize = 64;
 
-/// Counts commits by path (`alone`, `together`, `each`).
+/// Counts committed transactions by path (`alone`, `together`, `each`).
 pub const COMMITS: &str = "student_create_commits_total";
-/// Counts the students those commits wrote, by path.
+/// Counts the students those transactions wrote, by path.
 pub const COMMITTED: &str = "student_create_committed_total";
 
 /// A handle to CreateStudent's writers; cheap to clone.
@@ -48,10 +48,8 @@ impl StudentWriter {
         let writers = GroupCommit::start(count, MAX_GROUP, move |news| {
             let (db, bell) = (db.clone(), bell.clone());
             async move {
-                let count = news.len() as u64;
                 let (path, outcomes) = store::create_each(&db, &bell, news).await;
-                metrics::counter!(COMMITS, "path" => path.label()).increment(1);
-                metrics::counter!(COMMITTED, "path" => path.label()).increment(count);
+                count_commits(path, &outcomes);
                 outcomes
             }
         });
@@ -69,11 +67,24 @@ impl StudentWriter {
     }
 }
 
+/// Counts what a group really wrote: only students whose transaction committed (a
+/// student refused for a taken document number, or a group that failed, wrote nothing),
+/// in one transaction for `alone` and `together`, one each for `each`.
+fn count_commits(path: CommitPath, outcomes: &[Result<StudentView, DbErr>]) {
+    let written = outcomes.iter().filter(|outcome| outcome.is_ok()).count() as u64;
+    let transactions = match path {
+        CommitPath::Alone | CommitPath::Together => written.min(1),
+        CommitPath::Each => written,
+    };
+    metrics::counter!(COMMITS, "path" => path.label()).increment(transactions);
+    metrics::counter!(COMMITTED, "path" => path.label()).increment(written);
+}
+
 /// Gives the writer's metrics their help text; call once after the recorder is installed.
 pub fn describe() {
     metrics::describe_counter!(
         COMMITS,
-        "CreateStudent transactions, by path: alone (one student), together (several in one), each (several, one by one after the shared one was refused)"
+        "CreateStudent transactions committed, by path: alone (one student), together (several in one), each (several, one by one after the shared one was refused)"
     );
     metrics::describe_counter!(COMMITTED, "Students written by those transactions, by path");
 }

@@ -55,6 +55,17 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         .await
         .expect_err("an invalid e-mail is refused");
     assert_eq!(invalid.code(), Code::InvalidArgument);
+    // Someone else with student 0's document number: refused by the database inside the
+    // writer, so it writes nothing and must not count as a commit.
+    let taken = stack
+        .student_client()
+        .create_student(CreateStudentRequest {
+            email: "someone.else@example.edu".into(),
+            ..student_request(0)
+        })
+        .await
+        .expect_err("a taken document number is refused");
+    assert_eq!(taken.code(), Code::AlreadyExists);
     stack.wait_until_all_linked(3).await;
 
     // student-svc: every call counted by service, method and code.
@@ -83,15 +94,25 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
     assert_eq!(
         sample(
             &student,
+            "grpc_server_handled_total",
+            &create_student("ALREADY_EXISTS")
+        ),
+        1.0,
+        "{student}"
+    );
+    assert_eq!(
+        sample(
+            &student,
             "grpc_server_handling_seconds_count",
             &create_student("OK")[..2]
         ),
-        4.0,
+        5.0,
         "{student}"
     );
 
     // student-svc's group commit: the three students written, in one to three
-    // transactions, by path (a group only where requests overlapped).
+    // transactions, by path (a group only where requests overlapped); the refused one
+    // wrote nothing and is in neither count.
     let paths = ["alone", "together", "each"];
     let committed: f64 = paths
         .iter()
