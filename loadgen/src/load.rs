@@ -44,8 +44,14 @@ fn request(run: &str, n: usize) -> CreateStudentRequest {
         last_name: format!("Student{n}"),
         email: format!("load.{run}.{n}@example.edu"),
         document_number: format!("L{run}-{n}"),
-        idempotency_key: Some(format!("load-{run}-{n}")),
+        idempotency_key: Some(format!("{}{n}", key_prefix(run))),
     }
+}
+
+/// What every CreateStudent key of `run` starts with; the key is on the student and on its
+/// outbox row, so a run's rows are found among anybody else's.
+pub fn key_prefix(run: &str) -> String {
+    format!("load-{run}-")
 }
 
 /// Sends `count` CreateStudents with `in_flight` at a time.

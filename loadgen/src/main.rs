@@ -1,21 +1,7 @@
-//! `loadgen`: the tool behind every number in BENCHMARKS.md. It starts the three release
-//! binaries itself on fresh databases (SQLite, or PostgreSQL through a maintenance URL),
-//! drives CreateStudent, reads link latency from the rows' own timestamps, reads each
-//! process's CPU time and peak memory, and measures the database-only ceiling in the same
-//! run. `--json PATH` writes everything it printed.
-
-mod ceiling;
-mod claim_cost;
-mod load;
-mod replay_cost;
-mod rows;
-mod runs;
-mod stats;
-mod suite;
-mod system;
-mod targets;
+//! The `loadgen` command line (see the library's documentation and BENCHMARKS.md).
 
 use clap::Parser as _;
+use loadgen::suite;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

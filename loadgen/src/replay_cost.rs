@@ -5,9 +5,14 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use proto::users::v1::{CreateUserRequest, users_service_client::UsersServiceClient};
 use serde::{Deserialize, Serialize};
-use tonic::{Request, metadata::MetadataValue, transport::Channel};
+use tonic::{
+    Request,
+    metadata::{Ascii, MetadataValue},
+    transport::Channel,
+};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::{
@@ -37,24 +42,38 @@ pub async fn measure(
     };
     let system = System::start(backend, &options).await?;
     let result = async {
-        let channel = Channel::from_shared(format!("http://{}", system.users_addr))?
+        let users_addr = system
+            .users_addr
+            .context("replay-cost calls users-svc: give --users-url with --student-url")?;
+        let channel = Channel::from_shared(format!("http://{users_addr}"))?
             .tcp_nodelay(true)
             .connect()
             .await?;
         let client = UsersServiceClient::new(channel.clone());
+        // Unique per run: a running system may have seen an earlier run's keys.
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let run = &run[..8];
         let requests: Vec<CreateUserRequest> = (0..calls)
             .map(|n| CreateUserRequest {
-                idempotency_key: format!("replay-cost-{n}"),
-                email: format!("replay.{n}@example.edu"),
+                idempotency_key: format!("replay-cost-{run}-{n}"),
+                email: format!("replay.{run}.{n}@example.edu"),
                 first_name: "Replay".into(),
                 last_name: "Cost".into(),
-                document_number: format!("R-{n}"),
+                document_number: format!("R{run}-{n}"),
                 student_id: uuid::Uuid::now_v7().to_string(),
             })
             .collect();
         let health = HealthClient::new(channel);
-        let fresh = time_calls(&client, &requests, false).await?;
-        let replay = time_calls(&client, &requests, true).await?;
+        // A running users-svc may ask for a token: the relay's, from the same variable.
+        let token = match std::env::var("USERS_AUTH_TOKEN") {
+            Ok(token) => Some(
+                MetadataValue::try_from(format!("Bearer {token}"))
+                    .context("USERS_AUTH_TOKEN is not a valid header value")?,
+            ),
+            Err(_) => None,
+        };
+        let fresh = time_calls(&client, &requests, token.as_ref(), false).await?;
+        let replay = time_calls(&client, &requests, token.as_ref(), true).await?;
         let call_floor = time_health_checks(&health, calls).await?;
         anyhow::Ok(ReplayCost {
             ratio: ratio(replay.p50_ms, fresh.p50_ms),
@@ -71,11 +90,17 @@ pub async fn measure(
 async fn time_calls(
     client: &UsersServiceClient<Channel>,
     requests: &[CreateUserRequest],
+    token: Option<&MetadataValue<Ascii>>,
     replay_only: bool,
 ) -> anyhow::Result<Latency> {
     let mut times: Vec<Duration> = Vec::with_capacity(requests.len());
     for request in requests {
         let mut request = Request::new(request.clone());
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
         if replay_only {
             request.metadata_mut().insert(
                 "idempotency-replay-only",

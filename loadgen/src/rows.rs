@@ -31,18 +31,36 @@ pub struct Links {
     pub per_second: f64,
 }
 
-/// Waits until `expected` create-user rows written since `since` are done, printing
-/// progress; fails after `timeout`.
+/// The rows of one run: written since `since`, with keys starting `key_prefix` (see
+/// [`crate::load::key_prefix`]), so other traffic on a running system is left out.
+#[derive(Debug, Clone)]
+pub struct RunRows {
+    pub since: DateTime<Utc>,
+    pub key_prefix: String,
+}
+
+impl RunRows {
+    /// The run `run` (its id), from now on.
+    pub fn from_now(run: &str) -> Self {
+        Self {
+            since: platform::db::now(),
+            key_prefix: crate::load::key_prefix(run),
+        }
+    }
+}
+
+/// Waits until `expected` create-user rows of `run` are done, printing progress; fails
+/// after `timeout`.
 pub async fn wait_until_done(
     db: &DatabaseConnection,
-    since: DateTime<Utc>,
+    run: &RunRows,
     expected: usize,
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     let mut last_print = Instant::now();
     loop {
-        let done = done_since(since).count(db).await? as usize;
+        let done = done_rows_of(run).count(db).await? as usize;
         if done >= expected {
             return Ok(());
         }
@@ -58,21 +76,21 @@ pub async fn wait_until_done(
     }
 }
 
-/// The create-user rows written since `since` that are done.
-fn done_since(since: DateTime<Utc>) -> Select<outbox::Entity> {
+/// The create-user rows of `run` that are done.
+fn done_rows_of(run: &RunRows) -> Select<outbox::Entity> {
     outbox::Entity::find()
         .filter(outbox::Column::EffectType.eq(CREATE_USER))
         .filter(outbox::Column::Status.eq(OutboxStatus::Done))
-        .filter(outbox::Column::CreatedAt.gte(since))
+        .filter(outbox::Column::CreatedAt.gte(run.since))
+        .filter(outbox::Column::ClientKey.starts_with(&run.key_prefix))
 }
 
-/// Reads the create-user rows written since `since` that are done, for [`links`] and
-/// [`stages`].
+/// Reads the create-user rows of `run` that are done, for [`links`] and [`stages`].
 pub async fn done_rows(
     db: &DatabaseConnection,
-    since: DateTime<Utc>,
+    run: &RunRows,
 ) -> anyhow::Result<Vec<outbox::Model>> {
-    Ok(done_since(since).all(db).await?)
+    Ok(done_rows_of(run).all(db).await?)
 }
 
 /// Link latency and rate of `rows` (see [`done_rows`]), measured from `from` (the first
@@ -145,13 +163,13 @@ pub async fn stages(
     })
 }
 
-/// How many students each CreateStudent transaction wrote on average, since `since`
+/// How many students each CreateStudent transaction of `run` wrote on average
 /// (student-svc's group commit writes waiting requests together): PostgreSQL marks each
 /// row with the transaction that wrote it (`xmin`). `None` on SQLite, which keeps no such
 /// mark.
 pub async fn students_per_commit(
     db: &DatabaseConnection,
-    since: DateTime<Utc>,
+    run: &RunRows,
 ) -> anyhow::Result<Option<f64>> {
     if db.get_database_backend() != DbBackend::Postgres {
         return Ok(None);
@@ -160,8 +178,8 @@ pub async fn students_per_commit(
         .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             "SELECT count(*)::float8 / greatest(count(DISTINCT xmin::text), 1) AS mean \
-             FROM students WHERE created_at >= $1",
-            [since.into()],
+             FROM students WHERE created_at >= $1 AND starts_with(client_key, $2)",
+            [run.since.into(), run.key_prefix.clone().into()],
         ))
         .await?;
     Ok(row.map(|row| row.try_get::<f64>("", "mean")).transpose()?)

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     load::{self, Calls},
-    rows::{self, Links, Stages},
+    rows::{self, Links, RunRows, Stages},
     stats::ProcessCost,
     system::{Backend, Options, System},
 };
@@ -46,19 +46,24 @@ pub async fn closed(
     let system = System::start(backend, &options).await?;
     let result = async {
         let client = load::client(system.student_addr).await?;
-        let db = platform::db::connect(&system.databases.student_url).await?;
-        let since = platform::db::now();
-        let create = load::closed_loop(&client, &run_id(), students, in_flight).await;
+        let db = platform::db::connect(&system.student_database_url).await?;
+        let run = run_id();
+        let rows_of_run = RunRows::from_now(&run);
+        let create = load::closed_loop(&client, &run, students, in_flight).await;
         // With a relay running, its finalize rewrites the students it links and their
         // `xmin` names its transaction instead.
         let students_per_commit = if link_mode == "outbox" && relays == 0 {
-            rows::students_per_commit(&db, since).await?
+            rows::students_per_commit(&db, &rows_of_run).await?
         } else {
             None
         };
         let links = if relays > 0 && link_mode == "outbox" {
-            rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
-            Some(rows::links(&rows::done_rows(&db, since).await?, None))
+            let expected = create.calls - create.errors;
+            rows::wait_until_done(&db, &rows_of_run, expected, LINK_TIMEOUT).await?;
+            Some(rows::links(
+                &rows::done_rows(&db, &rows_of_run).await?,
+                None,
+            ))
         } else {
             None
         };
@@ -105,17 +110,26 @@ pub async fn open(
     let system = System::start(backend, &options).await?;
     let result = async {
         let client = load::client(system.student_addr).await?;
-        let db = platform::db::connect(&system.databases.student_url).await?;
-        let since = platform::db::now();
-        let create = load::open_loop(&client, &run_id(), rate, duration).await;
-        rows::wait_until_done(&db, since, create.calls - create.errors, LINK_TIMEOUT).await?;
-        let done = rows::done_rows(&db, since).await?;
+        let db = platform::db::connect(&system.student_database_url).await?;
+        let run = run_id();
+        let rows_of_run = RunRows::from_now(&run);
+        let create = load::open_loop(&client, &run, rate, duration).await;
+        let expected = create.calls - create.errors;
+        rows::wait_until_done(&db, &rows_of_run, expected, LINK_TIMEOUT).await?;
+        let done = rows::done_rows(&db, &rows_of_run).await?;
         let links = rows::links(&done, None);
-        let users_db = platform::db::connect(&system.databases.users_url).await?;
-        let stages = rows::stages(&done, &users_db, since).await?;
+        // A running system's Users DB is optional: without it, no stages.
+        let stages = match &system.users_database_url {
+            Some(url) => {
+                let users_db = platform::db::connect(url).await?;
+                let stages = rows::stages(&done, &users_db, rows_of_run.since).await?;
+                users_db.close().await.ok();
+                stages
+            }
+            None => Stages::default(),
+        };
         let processes = system.costs();
         db.close().await.ok();
-        users_db.close().await.ok();
         anyhow::Ok(OpenRun {
             rate,
             seconds: duration.as_secs_f64(),
@@ -154,9 +168,10 @@ pub async fn drain(
     let mut system = System::start(backend, &options).await?;
     let result = async {
         let client = load::client(system.student_addr).await?;
-        let db = platform::db::connect(&system.databases.student_url).await?;
-        let since = platform::db::now();
-        let create = load::closed_loop(&client, &run_id(), students, 32).await;
+        let db = platform::db::connect(&system.student_database_url).await?;
+        let run = run_id();
+        let rows_of_run = RunRows::from_now(&run);
+        let create = load::closed_loop(&client, &run, students, 32).await;
         anyhow::ensure!(
             create.errors == 0,
             "{} CreateStudents failed",
@@ -165,8 +180,8 @@ pub async fn drain(
         settle(&db).await?;
         let started = platform::db::now();
         system.start_relays(relays)?;
-        rows::wait_until_done(&db, since, students, LINK_TIMEOUT).await?;
-        let links = rows::links(&rows::done_rows(&db, since).await?, Some(started));
+        rows::wait_until_done(&db, &rows_of_run, students, LINK_TIMEOUT).await?;
+        let links = rows::links(&rows::done_rows(&db, &rows_of_run).await?, Some(started));
         let processes = system.costs();
         db.close().await.ok();
         anyhow::Ok(DrainRun {

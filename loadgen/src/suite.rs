@@ -15,7 +15,7 @@ use crate::{
     replay_cost::ReplayCost,
     runs,
     stats::{ProcessCost, ratio},
-    system::Backend,
+    system::{Backend, Running},
 };
 
 #[derive(Debug, Parser)]
@@ -35,6 +35,22 @@ pub struct Cli {
     /// Extra environment for every binary, `NAME=VALUE` (e.g. `RELAY_CONCURRENCY=32`).
     #[arg(long = "env", global = true)]
     pub env: Vec<String>,
+    /// Measure a system already running instead of starting one: its student-svc
+    /// (`http://HOST:PORT`, plaintext). `closed`, `open` and `replay-cost` only; loadgen
+    /// starts, stops and drops nothing, and finds its own rows among any others by their
+    /// keys. The relays are the running system's own (`closed --relays 0`: none to wait for).
+    #[arg(long, global = true, requires = "student_database_url")]
+    pub student_url: Option<String>,
+    /// With `--student-url`: its Student DB, whose outbox rows give link latency.
+    #[arg(long, global = true)]
+    pub student_database_url: Option<String>,
+    /// With `--student-url`: its users-svc (`http://HOST:PORT`), for `replay-cost`
+    /// (with `USERS_AUTH_TOKEN` from the environment when it asks for a token).
+    #[arg(long, global = true)]
+    pub users_url: Option<String>,
+    /// With `--student-url`: its Users DB, for `open`'s two stages.
+    #[arg(long, global = true)]
+    pub users_database_url: Option<String>,
     #[command(subcommand)]
     pub mode: Mode,
 }
@@ -193,9 +209,29 @@ impl SuiteResults {
 
 /// Runs the chosen mode, printing as it goes; returns everything as JSON.
 pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
-    let backend = match cli.backend.as_str() {
-        "sqlite" => Backend::Sqlite,
-        url => Backend::Postgres {
+    let backend = match (&cli.student_url, cli.backend.as_str()) {
+        (Some(student_url), _) => {
+            let measures_a_running_system = matches!(
+                cli.mode,
+                Mode::Closed { .. } | Mode::Open { .. } | Mode::ReplayCost { .. }
+            );
+            anyhow::ensure!(
+                measures_a_running_system,
+                "with --student-url only closed, open and replay-cost run: the other modes \
+                 start their own binaries or make their own databases"
+            );
+            Backend::Running(
+                Running::resolve(
+                    student_url,
+                    cli.student_database_url.as_deref(),
+                    cli.users_url.as_deref(),
+                    cli.users_database_url.as_deref(),
+                )
+                .await?,
+            )
+        }
+        (None, "sqlite") => Backend::Sqlite,
+        (None, url) => Backend::Postgres {
             admin_url: url.to_owned(),
         },
     };
@@ -205,14 +241,15 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
         .filter_map(|pair| pair.split_once('='))
         .map(|(name, value)| (name.to_owned(), value.to_owned()))
         .collect();
-    let backend_name = match &backend {
-        Backend::Sqlite => "sqlite",
-        Backend::Postgres { .. } => "postgres",
-    };
     if let Mode::Targets { files, update } = &cli.mode {
         targets(files, update.as_deref())?;
         return Ok(Value::Null);
     }
+    let backend_name = match &backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres { .. } => "postgres",
+        Backend::Running(_) => "running",
+    };
     println!("backend: {backend_name}; env: {:?}", cli.env);
     let results = match &cli.mode {
         Mode::Closed {
@@ -333,7 +370,7 @@ async fn ceilings(
             }
             Some(pgbench)
         }
-        Backend::Sqlite => None,
+        Backend::Sqlite | Backend::Running(_) => None,
     };
     Ok(Ceilings { library, pgbench })
 }

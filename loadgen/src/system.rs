@@ -21,6 +21,57 @@ pub enum Backend {
     Sqlite,
     /// New databases created through this maintenance URL, dropped afterwards.
     Postgres { admin_url: String },
+    /// A system somebody else started: loadgen starts, stops and drops nothing.
+    Running(Running),
+}
+
+/// A running system to measure: where its services answer and its databases are.
+#[derive(Debug, Clone)]
+pub struct Running {
+    pub student_addr: SocketAddr,
+    /// Read for link latency (the outbox rows' own timestamps).
+    pub student_database_url: String,
+    /// For `replay-cost`.
+    pub users_addr: Option<SocketAddr>,
+    /// For `open`'s two stages (the inbox rows' timestamps).
+    pub users_database_url: Option<String>,
+}
+
+impl Running {
+    /// From the command line's URLs: `http://HOST:PORT` for the services (plaintext).
+    pub async fn resolve(
+        student_url: &str,
+        student_database_url: Option<&str>,
+        users_url: Option<&str>,
+        users_database_url: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let student_database_url = student_database_url
+            .context("--student-url needs --student-database-url: link latency is read from the outbox rows")?
+            .to_owned();
+        let users_addr = match users_url {
+            Some(url) => Some(address(url).await?),
+            None => None,
+        };
+        Ok(Self {
+            student_addr: address(student_url).await?,
+            student_database_url,
+            users_addr,
+            users_database_url: users_database_url.map(str::to_owned),
+        })
+    }
+}
+
+/// The first address `http://HOST:PORT` resolves to.
+async fn address(url: &str) -> anyhow::Result<SocketAddr> {
+    let host_port = url
+        .strip_prefix("http://")
+        .with_context(|| format!("{url}: expected http://HOST:PORT (loadgen speaks plaintext)"))?
+        .trim_end_matches('/');
+    tokio::net::lookup_host(host_port)
+        .await
+        .with_context(|| format!("cannot resolve {host_port}"))?
+        .next()
+        .with_context(|| format!("{host_port} resolves to no address"))
 }
 
 /// A pair of fresh, empty databases.
@@ -38,6 +89,9 @@ impl Databases {
         let dir = std::env::temp_dir().join(format!("loadgen-{}", &id[..12]));
         std::fs::create_dir_all(&dir)?;
         match backend {
+            Backend::Running(_) => {
+                anyhow::bail!("this measurement makes fresh databases: not with --student-url")
+            }
             Backend::Sqlite => {
                 let url = |name: &str| format!("sqlite://{}/{name}.db?mode=rwc", dir.display());
                 Ok(Self {
@@ -110,11 +164,21 @@ pub struct Options {
     pub env: Vec<(String, String)>,
 }
 
-/// The three binaries, running on fresh databases.
+/// The system under measurement: the three binaries on fresh databases, started here, or
+/// one already running.
 pub struct System {
-    pub databases: Databases,
     pub student_addr: SocketAddr,
-    pub users_addr: SocketAddr,
+    /// Where the Student DB is, read for link latency.
+    pub student_database_url: String,
+    pub users_addr: Option<SocketAddr>,
+    pub users_database_url: Option<String>,
+    started: Option<Started>,
+}
+
+/// What loadgen started, and stops and removes again.
+struct Started {
+    databases: Databases,
+    users_url: String,
     bin: PathBuf,
     users: Process,
     student: Process,
@@ -124,8 +188,19 @@ pub struct System {
 
 impl System {
     /// Builds the release binaries (a no-op when up to date), starts users-svc and
-    /// student-svc, waits until both are healthy, and starts `options.relays` relays.
+    /// student-svc, waits until both are healthy, and starts `options.relays` relays; or,
+    /// for [`Backend::Running`], connects to nothing yet and starts nothing (its relays, if
+    /// any, are its own).
     pub async fn start(backend: &Backend, options: &Options) -> anyhow::Result<Self> {
+        if let Backend::Running(running) = backend {
+            return Ok(Self {
+                student_addr: running.student_addr,
+                student_database_url: running.student_database_url.clone(),
+                users_addr: running.users_addr,
+                users_database_url: running.users_database_url.clone(),
+                started: None,
+            });
+        }
         let bin = build_binaries(true, &[])?;
         let databases = Databases::create(backend).await?;
         let mut env = options.env.clone();
@@ -170,14 +245,19 @@ impl System {
         )
         .await?;
         let mut system = Self {
-            databases,
             student_addr,
-            users_addr,
-            bin,
-            users,
-            student,
-            relays: Vec::new(),
-            env,
+            student_database_url: databases.student_url.clone(),
+            users_addr: Some(users_addr),
+            users_database_url: Some(databases.users_url.clone()),
+            started: Some(Started {
+                databases,
+                users_url,
+                bin,
+                users,
+                student,
+                relays: Vec::new(),
+                env,
+            }),
         };
         system.start_relays(options.relays)?;
         Ok(system)
@@ -185,35 +265,48 @@ impl System {
 
     /// Starts `count` more relays (`relay run` with the tuning in the environment).
     pub fn start_relays(&mut self, count: usize) -> anyhow::Result<()> {
-        let users_url = format!("http://{}", self.users_addr);
+        let Some(started) = &mut self.started else {
+            anyhow::ensure!(
+                count == 0,
+                "a running system's relays are its own: loadgen starts none"
+            );
+            return Ok(());
+        };
         for _ in 0..count {
             let relay = spawn(
-                &self.bin,
-                &self.databases,
+                &started.bin,
+                &started.databases,
                 "relay",
                 &[
                     "--database-url",
-                    &self.databases.student_url,
+                    &started.databases.student_url,
                     "--users-url",
-                    &users_url,
+                    &started.users_url,
                     "run",
                 ],
-                &self.env,
+                &started.env,
             )?;
-            self.relays.push(relay);
+            started.relays.push(relay);
         }
         Ok(())
     }
 
-    /// What each process has cost so far (read while they run).
+    /// What each process loadgen started has cost so far (read while they run); nothing
+    /// for a running system, whose processes loadgen does not know.
     pub fn costs(&self) -> Vec<ProcessCost> {
-        let mut costs: Vec<ProcessCost> =
-            [("users-svc", &self.users), ("student-svc", &self.student)]
-                .into_iter()
-                .filter_map(|(name, process)| ProcessCost::read(name, process.pid()))
-                .collect();
+        let Some(started) = &self.started else {
+            return Vec::new();
+        };
+        let mut costs: Vec<ProcessCost> = [
+            ("users-svc", &started.users),
+            ("student-svc", &started.student),
+        ]
+        .into_iter()
+        .filter_map(|(name, process)| ProcessCost::read(name, process.pid()))
+        .collect();
         costs.extend(
-            self.relays
+            started
+                .relays
                 .iter()
                 .enumerate()
                 .filter_map(|(n, relay)| ProcessCost::read(&format!("relay-{n}"), relay.pid())),
@@ -221,19 +314,23 @@ impl System {
         costs
     }
 
-    /// Stops every process (SIGTERM, then SIGKILL after 10 s) and removes the databases.
-    pub async fn stop(mut self) {
-        let processes = self
+    /// Stops every process loadgen started (SIGTERM, then SIGKILL after 10 s) and removes
+    /// its databases; a running system is left as it was.
+    pub async fn stop(self) {
+        let Some(mut started) = self.started else {
+            return;
+        };
+        let processes = started
             .relays
             .iter_mut()
-            .chain([&mut self.student, &mut self.users]);
+            .chain([&mut started.student, &mut started.users]);
         for process in processes {
             let _ = process.signal(Signal::SIGTERM);
             if !matches!(process.wait_timeout(Duration::from_secs(10)), Ok(Some(_))) {
                 let _ = process.kill();
             }
         }
-        self.databases.remove().await;
+        started.databases.remove().await;
     }
 }
 

@@ -9,6 +9,7 @@ mod crash_matrix;
 mod create_users;
 mod hostile_input;
 mod leases;
+mod loadgen_running;
 mod operations;
 mod processes;
 mod redrive;
