@@ -85,14 +85,18 @@ pub struct Databases {
 impl Databases {
     /// Creates them (SQLite: files appear on first use).
     pub async fn create(backend: &Backend) -> anyhow::Result<Self> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let dir = std::env::temp_dir().join(format!("loadgen-{}", &id[..12]));
-        std::fs::create_dir_all(&dir)?;
-        match backend {
+        let admin_url = match backend {
             Backend::Running(_) => {
                 anyhow::bail!("this measurement makes fresh databases: not with --student-url")
             }
-            Backend::Sqlite => {
+            Backend::Sqlite => None,
+            Backend::Postgres { admin_url } => Some(admin_url),
+        };
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("loadgen-{}", &id[..12]));
+        std::fs::create_dir_all(&dir)?;
+        match admin_url {
+            None => {
                 let url = |name: &str| format!("sqlite://{}/{name}.db?mode=rwc", dir.display());
                 Ok(Self {
                     student_url: url("student"),
@@ -101,7 +105,7 @@ impl Databases {
                     postgres: None,
                 })
             }
-            Backend::Postgres { admin_url } => {
+            Some(admin_url) => {
                 let names = [
                     format!("bench_student_{}", &id[..12]),
                     format!("bench_users_{}", &id[..12]),
