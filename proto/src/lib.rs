@@ -7,6 +7,9 @@ pub mod student {
     pub mod v1 {
         tonic::include_proto!("student.v1");
 
+        /// The `google.rpc.ErrorInfo` domain of the Student service's reasons.
+        pub const ERROR_DOMAIN: &str = "students.v1";
+
         /// Encoded descriptors of `student.v1` and its imports, for server reflection.
         pub const FILE_DESCRIPTOR_SET: &[u8] =
             tonic::include_file_descriptor_set!("student_descriptor");
@@ -17,6 +20,10 @@ pub mod student {
 pub mod users {
     pub mod v1 {
         tonic::include_proto!("users.v1");
+
+        /// The `google.rpc.ErrorInfo` domain of the Users service's reasons; a caller
+        /// passing a Users reason on (the relay) keeps it.
+        pub const ERROR_DOMAIN: &str = "users.v1";
 
         /// Response header (value `true`) on an answer that came from the inbox: the
         /// key's operation was executed before and this is its saved answer.

@@ -371,7 +371,8 @@ fn item_answer(result: CreateUsersResult) -> Result<Answer, Status> {
             if error.reason.is_empty() {
                 Status::new(code, error.message)
             } else {
-                platform::status::with_reason(code, error.message, &error.reason, USERS_DOMAIN)
+                let domain = proto::users::v1::ERROR_DOMAIN;
+                platform::status::with_reason(code, error.message, &error.reason, domain)
             }
         }
         None => return Err(Status::internal("Users answered an item with no outcome")),
@@ -383,9 +384,6 @@ fn item_answer(result: CreateUsersResult) -> Result<Answer, Status> {
     }
     Err(status)
 }
-
-/// The `ErrorInfo` domain of Users' reasons.
-const USERS_DOMAIN: &str = "users.v1";
 
 /// A user id from Users; anything else is Users' bug, reported as INTERNAL (transient).
 fn parse_user_id(user_id: &str) -> Result<Uuid, Status> {

@@ -28,8 +28,8 @@ pub enum Error {
     Db(#[from] DbErr),
 }
 
-/// The `ErrorInfo` domain of this service's reasons.
-pub const DOMAIN: &str = "students.v1";
+/// The `ErrorInfo` domain of this service's reasons (part of the contract).
+pub const DOMAIN: &str = proto::student::v1::ERROR_DOMAIN;
 
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
