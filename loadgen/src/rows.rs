@@ -31,21 +31,26 @@ pub struct Links {
     pub per_second: f64,
 }
 
-/// The rows of one run: written since `since`, with keys starting `key_prefix` (see
+/// One run and its rows: written since `since`, with keys made from `id` (see
 /// [`crate::load::key_prefix`]), so other traffic on a running system is left out.
 #[derive(Debug, Clone)]
 pub struct RunRows {
+    /// Unique per run, so runs never collide on document numbers or keys.
+    pub id: String,
     pub since: DateTime<Utc>,
-    pub key_prefix: String,
 }
 
 impl RunRows {
-    /// The run `run` (its id), from now on.
-    pub fn from_now(run: &str) -> Self {
+    /// A new run, from now on.
+    pub fn start() -> Self {
         Self {
+            id: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
             since: platform::db::now(),
-            key_prefix: crate::load::key_prefix(run),
         }
+    }
+
+    fn key_prefix(&self) -> String {
+        crate::load::key_prefix(&self.id)
     }
 }
 
@@ -82,7 +87,7 @@ fn done_rows_of(run: &RunRows) -> Select<outbox::Entity> {
         .filter(outbox::Column::EffectType.eq(CREATE_USER))
         .filter(outbox::Column::Status.eq(OutboxStatus::Done))
         .filter(outbox::Column::CreatedAt.gte(run.since))
-        .filter(outbox::Column::ClientKey.starts_with(&run.key_prefix))
+        .filter(outbox::Column::ClientKey.starts_with(run.key_prefix()))
 }
 
 /// Reads the create-user rows of `run` that are done, for [`links`] and [`stages`].
@@ -179,7 +184,7 @@ pub async fn students_per_commit(
             DbBackend::Postgres,
             "SELECT count(*)::float8 / greatest(count(DISTINCT xmin::text), 1) AS mean \
              FROM students WHERE created_at >= $1 AND starts_with(client_key, $2)",
-            [run.since.into(), run.key_prefix.clone().into()],
+            [run.since.into(), run.key_prefix().into()],
         ))
         .await?;
     Ok(row.map(|row| row.try_get::<f64>("", "mean")).transpose()?)

@@ -47,23 +47,19 @@ pub async fn closed(
     let result = async {
         let client = load::client(system.student_addr).await?;
         let db = platform::db::connect(&system.student_database_url).await?;
-        let run = run_id();
-        let rows_of_run = RunRows::from_now(&run);
-        let create = load::closed_loop(&client, &run, students, in_flight).await;
+        let run = RunRows::start();
+        let create = load::closed_loop(&client, &run.id, students, in_flight).await;
         // With a relay running, its finalize rewrites the students it links and their
         // `xmin` names its transaction instead.
         let students_per_commit = if link_mode == "outbox" && relays == 0 {
-            rows::students_per_commit(&db, &rows_of_run).await?
+            rows::students_per_commit(&db, &run).await?
         } else {
             None
         };
         let links = if relays > 0 && link_mode == "outbox" {
             let expected = create.calls - create.errors;
-            rows::wait_until_done(&db, &rows_of_run, expected, LINK_TIMEOUT).await?;
-            Some(rows::links(
-                &rows::done_rows(&db, &rows_of_run).await?,
-                None,
-            ))
+            rows::wait_until_done(&db, &run, expected, LINK_TIMEOUT).await?;
+            Some(rows::links(&rows::done_rows(&db, &run).await?, None))
         } else {
             None
         };
@@ -111,18 +107,17 @@ pub async fn open(
     let result = async {
         let client = load::client(system.student_addr).await?;
         let db = platform::db::connect(&system.student_database_url).await?;
-        let run = run_id();
-        let rows_of_run = RunRows::from_now(&run);
-        let create = load::open_loop(&client, &run, rate, duration).await;
+        let run = RunRows::start();
+        let create = load::open_loop(&client, &run.id, rate, duration).await;
         let expected = create.calls - create.errors;
-        rows::wait_until_done(&db, &rows_of_run, expected, LINK_TIMEOUT).await?;
-        let done = rows::done_rows(&db, &rows_of_run).await?;
+        rows::wait_until_done(&db, &run, expected, LINK_TIMEOUT).await?;
+        let done = rows::done_rows(&db, &run).await?;
         let links = rows::links(&done, None);
         // A running system's Users DB is optional: without it, no stages.
         let stages = match &system.users_database_url {
             Some(url) => {
                 let users_db = platform::db::connect(url).await?;
-                let stages = rows::stages(&done, &users_db, rows_of_run.since).await?;
+                let stages = rows::stages(&done, &users_db, run.since).await?;
                 users_db.close().await.ok();
                 stages
             }
@@ -169,9 +164,8 @@ pub async fn drain(
     let result = async {
         let client = load::client(system.student_addr).await?;
         let db = platform::db::connect(&system.student_database_url).await?;
-        let run = run_id();
-        let rows_of_run = RunRows::from_now(&run);
-        let create = load::closed_loop(&client, &run, students, 32).await;
+        let run = RunRows::start();
+        let create = load::closed_loop(&client, &run.id, students, 32).await;
         anyhow::ensure!(
             create.errors == 0,
             "{} CreateStudents failed",
@@ -180,8 +174,8 @@ pub async fn drain(
         settle(&db).await?;
         let started = platform::db::now();
         system.start_relays(relays)?;
-        rows::wait_until_done(&db, &rows_of_run, students, LINK_TIMEOUT).await?;
-        let links = rows::links(&rows::done_rows(&db, &rows_of_run).await?, Some(started));
+        rows::wait_until_done(&db, &run, students, LINK_TIMEOUT).await?;
+        let links = rows::links(&rows::done_rows(&db, &run).await?, Some(started));
         let processes = system.costs();
         db.close().await.ok();
         anyhow::Ok(DrainRun {
@@ -206,9 +200,4 @@ async fn settle(db: &DatabaseConnection) -> anyhow::Result<()> {
         db.execute_unprepared("VACUUM ANALYZE outbox").await?;
     }
     Ok(())
-}
-
-/// Unique per run, so runs never collide on document numbers or keys.
-fn run_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }

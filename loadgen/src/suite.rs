@@ -209,6 +209,11 @@ impl SuiteResults {
 
 /// Runs the chosen mode, printing as it goes; returns everything as JSON.
 pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
+    // Reads kept files only: no backend, nothing started.
+    if let Mode::Targets { files, update } = &cli.mode {
+        targets(files, update.as_deref())?;
+        return Ok(Value::Null);
+    }
     let backend = match (&cli.student_url, cli.backend.as_str()) {
         (Some(student_url), _) => {
             let measures_a_running_system = matches!(
@@ -241,10 +246,6 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
         .filter_map(|pair| pair.split_once('='))
         .map(|(name, value)| (name.to_owned(), value.to_owned()))
         .collect();
-    if let Mode::Targets { files, update } = &cli.mode {
-        targets(files, update.as_deref())?;
-        return Ok(Value::Null);
-    }
     let backend_name = match &backend {
         Backend::Sqlite => "sqlite",
         Backend::Postgres { .. } => "postgres",
