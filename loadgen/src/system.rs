@@ -207,9 +207,7 @@ impl System {
         }
         let bin = build_binaries(true, &[])?;
         let databases = Databases::create(backend).await?;
-        let mut env = options.env.clone();
-        // As deployed by default: every binary logs at info.
-        env.push(("RUST_LOG".into(), "info".into()));
+        let env = environment(options);
         let mut users = spawn(
             &bin,
             &databases,
@@ -338,6 +336,25 @@ impl System {
     }
 }
 
+/// The environment of every binary loadgen starts for `options`, in order: a later entry
+/// for the same name wins.
+fn environment(options: &Options) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    if options.link_mode == "direct" {
+        // The baseline at its best: direct's requests wait on a call to Users in their
+        // middle, and both services completed more of them per second on two threads than
+        // on the one the outbox flow runs on by default (BENCHMARKS.md, "One thread per
+        // service"). `--env` can still say otherwise.
+        for name in ["STUDENT_WORKER_THREADS", "USERS_WORKER_THREADS"] {
+            env.push((name.to_owned(), "2".to_owned()));
+        }
+    }
+    env.extend(options.env.iter().cloned());
+    // As deployed by default: every binary logs at info.
+    env.push(("RUST_LOG".into(), "info".into()));
+    env
+}
+
 fn spawn(
     bin: &Path,
     databases: &Databases,
@@ -356,4 +373,49 @@ fn spawn(
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     Process::spawn_isolated(&bin.join(name), &args, env, &log)
         .with_context(|| format!("start {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(link_mode: &str, env: &[(&str, &str)]) -> Options {
+        Options {
+            relays: 1,
+            link_mode: link_mode.to_owned(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    /// What each binary ends up with: the last entry for a name.
+    fn effective(env: &[(String, String)], name: &str) -> Option<String> {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn direct_runs_on_two_threads_unless_told_otherwise() {
+        let direct = environment(&options("direct", &[]));
+        assert_eq!(
+            effective(&direct, "STUDENT_WORKER_THREADS").as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            effective(&direct, "USERS_WORKER_THREADS").as_deref(),
+            Some("2")
+        );
+        let told = environment(&options("direct", &[("STUDENT_WORKER_THREADS", "1")]));
+        assert_eq!(
+            effective(&told, "STUDENT_WORKER_THREADS").as_deref(),
+            Some("1")
+        );
+        let outbox = environment(&options("outbox", &[]));
+        assert_eq!(effective(&outbox, "STUDENT_WORKER_THREADS"), None);
+        assert_eq!(effective(&outbox, "RUST_LOG").as_deref(), Some("info"));
+    }
 }

@@ -1,6 +1,7 @@
 //! What `student-svc`, `users-svc` and `relay` share and must do the same way: opening a
 //! database (SQLite or PostgreSQL) and its write transactions, validating request fields,
-//! fingerprinting requests, serving gRPC with health and reflection, logging, shutting down.
+//! fingerprinting requests, serving gRPC with health and reflection, logging, building the
+//! services' Tokio runtime, shutting down.
 //! It owns no data and no business rule.
 
 pub mod db;
@@ -12,6 +13,7 @@ pub mod metrics;
 pub mod overload;
 pub mod redact;
 pub mod retention;
+pub mod runtime;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

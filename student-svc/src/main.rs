@@ -2,9 +2,14 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use student_svc::Config;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = Config::parse();
+    platform::runtime::build(config.worker_threads)
+        .context("cannot start the runtime")?
+        .block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
     platform::telemetry::init(config.log_format);
     let options = config.server_options()?;
     let link = config.link()?;

@@ -35,7 +35,7 @@ on_both_backends!(
     direct_mode_loses_the_student_where_the_outbox_does_not,
     calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
     a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt,
-    a_relay_delivers_on_one_thread,
+    every_binary_runs_on_one_thread,
     waiting_create_user_rows_go_to_users_many_to_a_call,
 );
 
@@ -149,18 +149,51 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     );
 }
 
-/// A relay runs on one thread (README, "One thread per relay"): once it has delivered, its
-/// process has its main thread and, on SQLite, sqlx's connection threads, and no thread of
-/// a multi-threaded Tokio runtime.
-async fn a_relay_delivers_on_one_thread(backend: Backend) {
+/// Each binary runs on one thread by default (README, "One thread per relay" and "One
+/// thread per service"): once students are linked, each process has its main thread and,
+/// on SQLite, sqlx's connection threads, and no thread of a multi-threaded Tokio runtime.
+async fn every_binary_runs_on_one_thread(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     stack.create_students(0..20).await;
     stack.wait_until_all_linked(20).await;
-    let pid = stack.relays[0].pid();
+    let processes = [
+        (stack.relays[0].pid(), "relay"),
+        (stack.student.pid(), "student-svc"),
+        (stack.users.pid(), "users-svc"),
+    ];
+    for (pid, name) in processes {
+        assert_eq!(threads_of(pid), [name], "threads of {name}");
+    }
+
+    // Given more, a service runs its tasks on that many workers, and serves as before.
+    stack
+        .restart_student_with(None, &["--worker-threads", "2"])
+        .await;
+    stack
+        .restart_users_with(None, &["--worker-threads", "2"])
+        .await;
+    stack.create_students(20..40).await;
+    stack.wait_until_all_linked(40).await;
+    let processes = [
+        (stack.student.pid(), "student-svc"),
+        (stack.users.pid(), "users-svc"),
+    ];
+    for (pid, name) in processes {
+        let mut threads = threads_of(pid);
+        threads.sort();
+        let mut expected = [name, "tokio-rt-worker", "tokio-rt-worker"];
+        expected.sort();
+        assert_eq!(threads, expected, "threads of {name}");
+    }
+}
+
+/// The names of a process's threads, without sqlx's SQLite connection threads (each
+/// SQLite connection runs on a thread of its own, outside the runtime).
+fn threads_of(pid: u32) -> Vec<String> {
     let mut threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .expect("the relay's threads")
+        .expect("the process's threads")
         .map(|task| {
             let comm = task.expect("a thread").path().join("comm");
             std::fs::read_to_string(comm)
@@ -169,9 +202,8 @@ async fn a_relay_delivers_on_one_thread(backend: Backend) {
                 .to_owned()
         })
         .collect();
-    // SQLite connections each run on a thread of sqlx's own, outside the runtime.
     threads.retain(|name| !name.starts_with("sqlx-sqlite"));
-    assert_eq!(threads, ["relay"]);
+    threads
 }
 
 /// Twelve rows waiting when a relay starts with `--rows-per-call 4` reach Users as three
@@ -647,9 +679,10 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
 const GIVEN_BACK: &str = "the row goes back with its attempt";
 
 /// The same overload with a lease too short to wait in: one call (of two rows) at a time,
-/// 400 ms each, against rows that must be sent within half a second of their claim. Most shed rows go
-/// back to the table with their attempt handed back, and are claimed again later: still
-/// each linked at its first attempt.
+/// 800 ms each, against rows that must be sent within a second of their claim. Most shed
+/// rows go back to the table with their attempt handed back, and are claimed again later:
+/// still each linked at its first attempt. (The times are twice what the shape needs, so
+/// an accepted call stays within its timeout when a loaded machine stalls a commit.)
 async fn a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
@@ -657,13 +690,13 @@ async fn a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt(backend
     stack.kill_relays();
     stack
         .restart_users_with(
-            Some("users-on-request=sleep(400)"),
+            Some("users-on-request=sleep(800)"),
             &["--max-concurrent-requests", "1"],
         )
         .await;
     stack.create_students(0..8).await;
-    // Lease 1.5 s = call timeout 1 s + the least margin (0.5 s): a row shed after the
-    // first half second of its lease cannot be sent again within it.
+    // Lease 3 s = call timeout 2 s + the least margin (half the call timeout): a row shed
+    // after the first second of its lease cannot be sent again within it.
     stack.start_relay(
         None,
         &[
@@ -674,9 +707,9 @@ async fn a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt(backend
             "--max-attempts",
             "2",
             "--call-timeout",
-            "1s",
+            "2s",
             "--lease",
-            "1500ms",
+            "3s",
         ],
     );
     stack.wait_until_all_linked(8).await;

@@ -55,6 +55,11 @@ pub struct Config {
     /// `max_connections`; see the README for sizing).
     #[arg(long, env = "USERS_DB_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub db_max_connections: u32,
+    /// Threads that run requests: 1 (the default) runs the whole service on one thread,
+    /// which measured faster on a 2-core box it shares with the database (BENCHMARKS.md,
+    /// "One thread per service"); give it more on a box with cores to spare.
+    #[arg(long, env = "USERS_WORKER_THREADS", default_value = "1")]
+    pub worker_threads: std::num::NonZeroUsize,
     /// Requests in flight at once; more are answered RESOURCE_EXHAUSTED at once. Sized for
     /// four relays at their default --concurrency (128 each).
     #[arg(long, env = "USERS_MAX_CONCURRENT_REQUESTS", default_value_t = 512)]

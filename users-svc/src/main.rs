@@ -4,9 +4,14 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use users_svc::{Command, Config, InboxCommand};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
+fn main() -> anyhow::Result<ExitCode> {
     let config = Config::parse();
+    platform::runtime::build(config.worker_threads)
+        .context("cannot start the runtime")?
+        .block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     platform::telemetry::init(config.log_format);
     match &config.command {
         Some(Command::Inbox {
