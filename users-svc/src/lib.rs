@@ -56,7 +56,8 @@ pub struct Config {
     #[arg(long, env = "USERS_DB_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub db_max_connections: u32,
     /// Threads that run requests: 1 (the default) runs the whole service on one thread,
-    /// which measured faster on a 2-core box it shares with the database (BENCHMARKS.md,
+    /// which cost less CPU per request and served more under load on a 2-core box shared
+    /// with the database, while two gave lower latency at moderate load (BENCHMARKS.md,
     /// "One thread per service"); give it more on a box with cores to spare.
     #[arg(long, env = "USERS_WORKER_THREADS", default_value = "1")]
     pub worker_threads: std::num::NonZeroUsize,
