@@ -43,6 +43,7 @@ pub async fn measure(
     let system = System::start(backend, &options).await?;
     let result = async {
         let users_addr = system
+            .running
             .users_addr
             .context("replay-cost calls users-svc: give --users-url with --student-url")?;
         let channel = Channel::from_shared(format!("http://{users_addr}"))?
@@ -51,8 +52,7 @@ pub async fn measure(
             .await?;
         let client = UsersServiceClient::new(channel.clone());
         // Unique per run: a running system may have seen an earlier run's keys.
-        let run = uuid::Uuid::new_v4().simple().to_string();
-        let run = &run[..8];
+        let run = crate::rows::new_run_id();
         let requests: Vec<CreateUserRequest> = (0..calls)
             .map(|n| CreateUserRequest {
                 idempotency_key: format!("replay-cost-{run}-{n}"),

@@ -44,7 +44,7 @@ impl RunRows {
     /// A new run, from now on.
     pub fn start() -> Self {
         Self {
-            id: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+            id: new_run_id(),
             since: platform::db::now(),
         }
     }
@@ -52,6 +52,12 @@ impl RunRows {
     fn key_prefix(&self) -> String {
         crate::load::key_prefix(&self.id)
     }
+}
+
+/// A new run's id: eight hex digits, unique per run, so runs never collide on document
+/// numbers or keys (a running system may have seen earlier runs).
+pub fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
 /// Waits until `expected` create-user rows of `run` are done, printing progress; fails

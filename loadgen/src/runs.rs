@@ -45,8 +45,8 @@ pub async fn closed(
     };
     let system = System::start(backend, &options).await?;
     let result = async {
-        let client = load::client(system.student_addr).await?;
-        let db = platform::db::connect(&system.student_database_url).await?;
+        let client = load::client(system.running.student_addr).await?;
+        let db = platform::db::connect(&system.running.student_database_url).await?;
         let run = RunRows::start();
         let create = load::closed_loop(&client, &run.id, students, in_flight).await;
         // With a relay running, its finalize rewrites the students it links and their
@@ -105,8 +105,8 @@ pub async fn open(
     };
     let system = System::start(backend, &options).await?;
     let result = async {
-        let client = load::client(system.student_addr).await?;
-        let db = platform::db::connect(&system.student_database_url).await?;
+        let client = load::client(system.running.student_addr).await?;
+        let db = platform::db::connect(&system.running.student_database_url).await?;
         let run = RunRows::start();
         let create = load::open_loop(&client, &run.id, rate, duration).await;
         let expected = create.calls - create.errors;
@@ -114,7 +114,7 @@ pub async fn open(
         let done = rows::done_rows(&db, &run).await?;
         let links = rows::links(&done, None);
         // A running system's Users DB is optional: without it, no stages.
-        let stages = match &system.users_database_url {
+        let stages = match &system.running.users_database_url {
             Some(url) => {
                 let users_db = platform::db::connect(url).await?;
                 let stages = rows::stages(&done, &users_db, run.since).await?;
@@ -162,8 +162,8 @@ pub async fn drain(
     };
     let mut system = System::start(backend, &options).await?;
     let result = async {
-        let client = load::client(system.student_addr).await?;
-        let db = platform::db::connect(&system.student_database_url).await?;
+        let client = load::client(system.running.student_addr).await?;
+        let db = platform::db::connect(&system.running.student_database_url).await?;
         let run = RunRows::start();
         let create = load::closed_loop(&client, &run.id, students, 32).await;
         anyhow::ensure!(

@@ -25,7 +25,8 @@ pub enum Backend {
     Running(Running),
 }
 
-/// A running system to measure: where its services answer and its databases are.
+/// Where a system's services answer and its databases are: one loadgen started, or one
+/// somebody else runs.
 #[derive(Debug, Clone)]
 pub struct Running {
     pub student_addr: SocketAddr,
@@ -171,11 +172,8 @@ pub struct Options {
 /// The system under measurement: the three binaries on fresh databases, started here, or
 /// one already running.
 pub struct System {
-    pub student_addr: SocketAddr,
-    /// Where the Student DB is, read for link latency.
-    pub student_database_url: String,
-    pub users_addr: Option<SocketAddr>,
-    pub users_database_url: Option<String>,
+    /// Where its services answer and its databases are.
+    pub running: Running,
     started: Option<Started>,
 }
 
@@ -198,10 +196,7 @@ impl System {
     pub async fn start(backend: &Backend, options: &Options) -> anyhow::Result<Self> {
         if let Backend::Running(running) = backend {
             return Ok(Self {
-                student_addr: running.student_addr,
-                student_database_url: running.student_database_url.clone(),
-                users_addr: running.users_addr,
-                users_database_url: running.users_database_url.clone(),
+                running: running.clone(),
                 started: None,
             });
         }
@@ -247,10 +242,12 @@ impl System {
         )
         .await?;
         let mut system = Self {
-            student_addr,
-            student_database_url: databases.student_url.clone(),
-            users_addr: Some(users_addr),
-            users_database_url: Some(databases.users_url.clone()),
+            running: Running {
+                student_addr,
+                student_database_url: databases.student_url.clone(),
+                users_addr: Some(users_addr),
+                users_database_url: Some(databases.users_url.clone()),
+            },
             started: Some(Started {
                 databases,
                 users_url,
