@@ -293,6 +293,7 @@ async fn users_crash_before_commit_rolls_back_and_the_retry_creates_once(backend
     stack
         .restart_users(Some(&armed(points::USERS_BEFORE_COMMIT, "abort")))
         .await;
+    stack.start_relay_for_a_users_crash(&[]);
     stack.create_students(0..1).await;
     stack.wait_for_users_abort();
     assert_eq!(
@@ -314,6 +315,7 @@ async fn users_crash_after_commit_is_answered_from_the_inbox(backend: Backend) {
     stack
         .restart_users(Some(&armed(points::USERS_AFTER_COMMIT, "abort")))
         .await;
+    stack.start_relay_for_a_users_crash(&[]);
     stack.create_students(0..1).await;
     stack.wait_for_users_abort();
     assert_eq!(
@@ -400,7 +402,7 @@ async fn four_rows_in_one_call_to_users_dying_at(backend: Backend, point: &str) 
     stack.kill_relays();
     stack.create_students(0..4).await;
     stack.restart_users(Some(&armed(point, "abort"))).await;
-    stack.start_relay(None, &["--rows-per-call", "4"]);
+    stack.start_relay_for_a_users_crash(&["--rows-per-call", "4"]);
     stack.wait_for_users_abort();
     Some(stack)
 }
@@ -703,7 +705,7 @@ async fn changes_survive_users_dying_after_its_commit(backend: Backend) {
             .restart_users(Some(&armed(points::USERS_AFTER_COMMIT, "1*abort")))
             .await;
         if stack.relays.is_empty() {
-            stack.start_relay(None, &[]);
+            stack.start_relay_for_a_users_crash(&[]);
         }
         stack.wait_for_users_abort();
         let executed = stack
@@ -730,7 +732,7 @@ async fn a_change_survives_users_dying_inside_its_transaction(backend: Backend) 
     stack
         .restart_users(Some(&armed(points::USERS_BEFORE_COMMIT, "1*abort")))
         .await;
-    stack.start_relay(None, &[]);
+    stack.start_relay_for_a_users_crash(&[]);
     stack.wait_for_users_abort();
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await,

@@ -609,6 +609,7 @@ async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backen
     // The outbox flow, the same fault, the same retry: one student, linked to one user.
     stack.restart_student(None).await;
     stack.restart_users(Some(&answer_lost)).await;
+    stack.start_relay_for_a_users_crash(&[]);
     let first = stack
         .student_client()
         .create_student(create(2))

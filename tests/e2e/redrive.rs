@@ -30,7 +30,7 @@ async fn exhaust_a_row_users_executed(stack: &mut Stack) -> outbox::Model {
         .restart_users(Some(&format!("{}=1*abort", points::USERS_AFTER_COMMIT)))
         .await;
     // Three quick attempts: Users is down for all of them.
-    stack.start_relay(None, &["--max-attempts", "3"]);
+    stack.start_relay_for_a_users_crash(&["--max-attempts", "3"]);
     stack.create_students(0..1).await;
     stack.wait_for_users_abort();
     assert_eq!(

@@ -42,6 +42,13 @@ pub const RELAY_TUNING: &[&str] = &[
     "2s",
 ];
 
+/// For a relay whose call must reach a fail point armed in Users (a crash at its commit).
+/// The call's deadline travels with it and Users drops a call whose deadline has passed,
+/// so with [`RELAY_TUNING`]'s 1 s a commit stalled by a loaded machine could end the call
+/// before Users reaches the fail point, which then never fires. A Users that dies still
+/// fails the call at once: its connection closes.
+pub const CALLS_OUTLAST_A_STALL: &[&str] = &["--call-timeout", "20s", "--lease", "40s"];
+
 /// Builds the binaries, with fail points compiled in, once per test run.
 pub fn binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -203,6 +210,13 @@ impl Stack {
             extra,
         ));
         self.relays_started += 1;
+    }
+
+    /// Replaces every relay with one whose calls outlast a stalled commit in Users
+    /// ([`CALLS_OUTLAST_A_STALL`]), with `extra` flags after those.
+    pub fn start_relay_for_a_users_crash(&mut self, extra: &[&str]) {
+        self.kill_relays();
+        self.start_relay(None, &[CALLS_OUTLAST_A_STALL, extra].concat());
     }
 
     /// Waits for relay `index` to die at an armed `abort` fail point.
