@@ -1,0 +1,16 @@
+#!/bin/bash
+# How the files in this directory were made (2026-12-02, 13:24-14:00, release build of
+# the checkout; run as root from the repository's root, nothing else running): each
+# PostgreSQL suite between two disk probes, then a SQLite suite.
+set -euo pipefail
+D=bench/results/2026-12-02/calm-disk
+PG=postgres://postgres@127.0.0.1:5432/postgres
+probe() { python3 bench/results/2026-12-02/idle-wakeups/fsync-probe.py > "$1"; }
+cargo build --release -p loadgen -p student-svc -p users-svc -p relay
+for run in suite-pg suite-pg-2; do
+    probe $D/$run-fsync-before.txt
+    ./target/release/loadgen --backend $PG --json "$PWD/$D/$run.json" suite --seconds 15 > $D/$run.txt
+    probe $D/$run-fsync-after.txt
+done
+./target/release/loadgen --backend sqlite --json "$PWD/$D/suite-sqlite.json" suite --seconds 15 > $D/suite-sqlite.txt
+./target/release/loadgen targets --update BENCHMARKS.md
