@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use futures::StreamExt as _;
 use proto::student::v1::{CreateStudentRequest, student_service_client::StudentServiceClient};
 use serde::{Deserialize, Serialize};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::stats::Latency;
 
@@ -27,13 +27,12 @@ pub struct Calls {
     pub latency: Latency,
 }
 
-/// A client of student-svc at `addr`.
-pub async fn client(addr: std::net::SocketAddr) -> anyhow::Result<StudentServiceClient<Channel>> {
-    let channel = Channel::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
+/// A client of the student-svc at `endpoint`.
+pub async fn client(endpoint: &Endpoint) -> anyhow::Result<StudentServiceClient<Channel>> {
+    let channel = endpoint
         .connect()
         .await
-        .context("connect to student-svc")?;
+        .with_context(|| format!("connect to student-svc at {}", endpoint.uri()))?;
     Ok(StudentServiceClient::new(channel))
 }
 

@@ -42,14 +42,15 @@ pub async fn measure(
     };
     let system = System::start(backend, &options).await?;
     let result = async {
-        let users_addr = system
+        let users = system
             .running
-            .users_addr
+            .users
+            .as_ref()
             .context("replay-cost calls users-svc: give --users-url with --student-url")?;
-        let channel = Channel::from_shared(format!("http://{users_addr}"))?
-            .tcp_nodelay(true)
+        let channel = users
             .connect()
-            .await?;
+            .await
+            .with_context(|| format!("connect to users-svc at {}", users.uri()))?;
         let client = UsersServiceClient::new(channel.clone());
         // Unique per run: a running system may have seen an earlier run's keys.
         let run = crate::rows::new_run_id();
@@ -64,16 +65,10 @@ pub async fn measure(
             })
             .collect();
         let health = HealthClient::new(channel);
-        // A running users-svc may ask for a token: the relay's, from the same variable.
-        let token = match std::env::var("USERS_AUTH_TOKEN") {
-            Ok(token) => Some(
-                MetadataValue::try_from(format!("Bearer {token}"))
-                    .context("USERS_AUTH_TOKEN is not a valid header value")?,
-            ),
-            Err(_) => None,
-        };
-        let fresh = time_calls(&client, &requests, token.as_ref(), false).await?;
-        let replay = time_calls(&client, &requests, token.as_ref(), true).await?;
+        // A running users-svc may ask for a token (`--users-auth-token`).
+        let token = system.running.users_authorization.as_ref();
+        let fresh = time_calls(&client, &requests, token, false).await?;
+        let replay = time_calls(&client, &requests, token, true).await?;
         let call_floor = time_health_checks(&health, calls).await?;
         anyhow::Ok(ReplayCost {
             ratio: ratio(replay.p50_ms, fresh.p50_ms),

@@ -45,7 +45,7 @@ pub async fn closed(
     };
     let system = System::start(backend, &options).await?;
     let result = async {
-        let client = load::client(system.running.student_addr).await?;
+        let client = load::client(&system.running.student).await?;
         let db = platform::db::connect(&system.running.student_database_url).await?;
         let run = RunRows::start();
         let create = load::closed_loop(&client, &run.id, students, in_flight).await;
@@ -105,7 +105,7 @@ pub async fn open(
     };
     let system = System::start(backend, &options).await?;
     let result = async {
-        let client = load::client(system.running.student_addr).await?;
+        let client = load::client(&system.running.student).await?;
         let db = platform::db::connect(&system.running.student_database_url).await?;
         let run = RunRows::start();
         let create = load::open_loop(&client, &run.id, rate, duration).await;
@@ -162,7 +162,7 @@ pub async fn drain(
     };
     let mut system = System::start(backend, &options).await?;
     let result = async {
-        let client = load::client(system.running.student_addr).await?;
+        let client = load::client(&system.running.student).await?;
         let db = platform::db::connect(&system.running.student_database_url).await?;
         let run = RunRows::start();
         let create = load::closed_loop(&client, &run.id, students, 32).await;

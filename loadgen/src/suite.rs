@@ -36,7 +36,8 @@ pub struct Cli {
     #[arg(long = "env", global = true)]
     pub env: Vec<String>,
     /// Measure a system already running instead of starting one: its student-svc
-    /// (`http://HOST:PORT`, plaintext). `closed`, `open` and `replay-cost` only; loadgen
+    /// (`http://HOST:PORT`, or `https://HOST:PORT` for TLS, see `--tls-ca`). `closed`,
+    /// `open` and `replay-cost` only; loadgen
     /// starts, stops and drops nothing, and finds its own rows among any others by their
     /// keys. The relays are the running system's own (`closed --relays 0`: none to wait for).
     #[arg(long, global = true, requires = "student_database_url")]
@@ -44,10 +45,17 @@ pub struct Cli {
     /// With `--student-url`: its Student DB, whose outbox rows give link latency.
     #[arg(long, global = true)]
     pub student_database_url: Option<String>,
-    /// With `--student-url`: its users-svc (`http://HOST:PORT`), for `replay-cost`
-    /// (with `USERS_AUTH_TOKEN` from the environment when it asks for a token).
+    /// With `--student-url`: its users-svc (`http://HOST:PORT` or `https://HOST:PORT`),
+    /// for `replay-cost`.
     #[arg(long, global = true)]
     pub users_url: Option<String>,
+    /// With `--users-url`: the bearer token that users-svc asks for, as the relay's.
+    #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true, global = true)]
+    pub users_auth_token: Option<String>,
+    /// With `https://` service URLs: the CA certificate (PEM) their certificates are
+    /// checked against, as the relay's `--users-ca`; without it, the system's roots.
+    #[arg(long, global = true)]
+    pub tls_ca: Option<PathBuf>,
     /// With `--student-url`: its Users DB, for `open`'s two stages.
     #[arg(long, global = true)]
     pub users_database_url: Option<String>,
@@ -225,15 +233,14 @@ pub async fn execute(cli: &Cli) -> anyhow::Result<Value> {
                 "with --student-url only closed, open and replay-cost run: the other modes \
                  start their own binaries or make their own databases"
             );
-            Backend::Running(
-                Running::resolve(
-                    student_url,
-                    cli.student_database_url.as_deref(),
-                    cli.users_url.as_deref(),
-                    cli.users_database_url.as_deref(),
-                )
-                .await?,
-            )
+            Backend::Running(Box::new(Running::from_urls(
+                student_url,
+                cli.student_database_url.as_deref(),
+                cli.users_url.as_deref(),
+                cli.users_database_url.as_deref(),
+                cli.users_auth_token.as_deref(),
+                cli.tls_ca.as_deref(),
+            )?))
         }
         (None, "sqlite") => Backend::Sqlite,
         (None, url) => Backend::Postgres {

@@ -2,7 +2,6 @@
 //! databases (SQLite files, or new PostgreSQL databases), or a system already running.
 
 use std::{
-    net::SocketAddr,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -11,6 +10,10 @@ use anyhow::Context as _;
 use devstack::{Process, build_binaries, wait_until_serving};
 use nix::sys::signal::Signal;
 use sea_orm::{ConnectionTrait as _, Database};
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    transport::{Certificate, ClientTlsConfig, Endpoint},
+};
 
 use crate::stats::ProcessCost;
 
@@ -22,57 +25,96 @@ pub enum Backend {
     /// New databases created through this maintenance URL, dropped afterwards.
     Postgres { admin_url: String },
     /// A system somebody else started: loadgen starts, stops and drops nothing.
-    Running(Running),
+    Running(Box<Running>),
 }
 
 /// Where a system's services answer and its databases are: one loadgen started, or one
 /// somebody else runs.
 #[derive(Debug, Clone)]
 pub struct Running {
-    pub student_addr: SocketAddr,
+    /// student-svc, for CreateStudent.
+    pub student: Endpoint,
     /// Read for link latency (the outbox rows' own timestamps).
     pub student_database_url: String,
-    /// For `replay-cost`.
-    pub users_addr: Option<SocketAddr>,
+    /// users-svc, for `replay-cost`.
+    pub users: Option<Endpoint>,
     /// For `open`'s two stages (the inbox rows' timestamps).
     pub users_database_url: Option<String>,
+    /// `authorization` for users-svc, if it asks for a token (a running system's); marked
+    /// sensitive, so printing a `Running` never shows it.
+    pub users_authorization: Option<MetadataValue<Ascii>>,
 }
 
 impl Running {
-    /// From the command line's URLs: `http://HOST:PORT` for the services (plaintext).
-    pub async fn resolve(
+    /// From the command line's URLs: `http://HOST:PORT` (plaintext) or `https://HOST:PORT`
+    /// for the services, TLS checked against the CA certificate in `tls_ca` (PEM) or,
+    /// without one, the system's roots.
+    pub fn from_urls(
         student_url: &str,
         student_database_url: Option<&str>,
         users_url: Option<&str>,
         users_database_url: Option<&str>,
+        users_auth_token: Option<&str>,
+        tls_ca: Option<&Path>,
     ) -> anyhow::Result<Self> {
         let student_database_url = student_database_url
             .context("--student-url needs --student-database-url: link latency is read from the outbox rows")?
             .to_owned();
-        let users_addr = match users_url {
-            Some(url) => Some(address(url).await?),
+        let ca = match tls_ca {
+            Some(path) => {
+                let https = |url: &str| url.starts_with("https://");
+                anyhow::ensure!(
+                    https(student_url) || users_url.is_some_and(https),
+                    "--tls-ca is for services reached at https:// URLs"
+                );
+                Some(
+                    std::fs::read(path)
+                        .with_context(|| format!("cannot read --tls-ca {}", path.display()))?,
+                )
+            }
             None => None,
         };
         Ok(Self {
-            student_addr: address(student_url).await?,
+            student: endpoint(student_url, ca.as_deref())?,
             student_database_url,
-            users_addr,
+            users: users_url
+                .map(|url| endpoint(url, ca.as_deref()))
+                .transpose()?,
             users_database_url: users_database_url.map(str::to_owned),
+            users_authorization: users_auth_token.map(bearer).transpose()?,
         })
     }
 }
 
-/// The first address `http://HOST:PORT` resolves to.
-async fn address(url: &str) -> anyhow::Result<SocketAddr> {
-    let host_port = url
-        .strip_prefix("http://")
-        .with_context(|| format!("{url}: expected http://HOST:PORT (loadgen speaks plaintext)"))?
-        .trim_end_matches('/');
-    tokio::net::lookup_host(host_port)
-        .await
-        .with_context(|| format!("cannot resolve {host_port}"))?
-        .next()
-        .with_context(|| format!("{host_port} resolves to no address"))
+/// `Bearer TOKEN`, as a header value that debug output never shows.
+fn bearer(token: &str) -> anyhow::Result<MetadataValue<Ascii>> {
+    let mut value = MetadataValue::try_from(format!("Bearer {token}"))
+        .context("the Users token is not a valid header value")?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// How loadgen reaches the service at `url`: `http://HOST:PORT` in plaintext, or
+/// `https://HOST:PORT` over TLS, trusting the CA certificate `ca_pem` or, without one, the
+/// system's roots. Connections are made when a mode first calls.
+pub fn endpoint(url: &str, ca_pem: Option<&[u8]>) -> anyhow::Result<Endpoint> {
+    let endpoint = Endpoint::from_shared(url.to_owned())
+        .with_context(|| format!("{url}: not a URL"))?
+        .tcp_nodelay(true);
+    if url.starts_with("http://") {
+        return Ok(endpoint);
+    }
+    anyhow::ensure!(
+        url.starts_with("https://"),
+        "{url}: expected http://HOST:PORT or https://HOST:PORT"
+    );
+    let tls = match ca_pem {
+        Some(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
+        None => ClientTlsConfig::new().with_native_roots(),
+    };
+    endpoint
+        .tls_config(tls)
+        .with_context(|| format!("{url}: TLS settings"))
 }
 
 /// A pair of fresh, empty databases.
@@ -196,7 +238,7 @@ impl System {
     pub async fn start(backend: &Backend, options: &Options) -> anyhow::Result<Self> {
         if let Backend::Running(running) = backend {
             return Ok(Self {
-                running: running.clone(),
+                running: Running::clone(running),
                 started: None,
             });
         }
@@ -243,10 +285,11 @@ impl System {
         .await?;
         let mut system = Self {
             running: Running {
-                student_addr,
+                student: endpoint(&format!("http://{student_addr}"), None)?,
                 student_database_url: databases.student_url.clone(),
-                users_addr: Some(users_addr),
+                users: Some(endpoint(&users_url, None)?),
                 users_database_url: Some(databases.users_url.clone()),
+                users_authorization: None,
             },
             started: Some(Started {
                 databases,
@@ -375,6 +418,22 @@ fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_system_never_prints_its_users_token() {
+        let running = Running::from_urls(
+            "http://127.0.0.1:50051",
+            Some("sqlite::memory:"),
+            Some("http://127.0.0.1:50052"),
+            None,
+            Some("secret-token-0123456789"),
+            None,
+        )
+        .unwrap();
+        let printed = format!("{:?}", Backend::Running(Box::new(running)));
+        assert!(printed.contains("users_authorization"), "{printed}");
+        assert!(!printed.contains("secret-token"), "{printed}");
+    }
 
     fn options(link_mode: &str, env: &[(&str, &str)]) -> Options {
         Options {
