@@ -1,18 +1,35 @@
-//! How a relay learns that new rows are due: PostgreSQL `LISTEN` (student-svc `NOTIFY`s in
-//! the transaction that writes a row), with polling as the fallback and the only way on
-//! SQLite.
+//! How a relay learns that new rows are due, with polling as the fallback: on PostgreSQL
+//! it `LISTEN`s (student-svc `NOTIFY`s after the commit that writes a row); on SQLite,
+//! which has no notifications, it watches the database file's `PRAGMA data_version`.
 //!
-//! The listener runs on a task of its own and turns each notification into a permit of a
-//! [`Notify`]: a notification that arrives while the relay is busy is kept, not lost, and
-//! the next wait returns at once. Waiting is cancel-safe, so the delivery loop can wait
-//! for "a call finished, or a row was notified, or the poll interval passed" in one
+//! The listener or watcher runs on a task of its own and turns each sign of a commit into
+//! a permit of a [`Notify`]: one that arrives while the relay is busy is kept, not lost,
+//! and the next wait returns at once. Waiting is cancel-safe, so the delivery loop can
+//! wait for "a call finished, or a row was notified, or the poll interval passed" in one
 //! `select!`.
 
-use std::{sync::Arc, time::Duration};
+use std::{str::FromStr as _, sync::Arc, time::Duration};
 
-use sea_orm::sqlx::postgres::PgListener;
+use sea_orm::sqlx::{
+    Connection as _,
+    postgres::PgListener,
+    sqlite::{SqliteConnectOptions, SqliteConnection},
+};
 use student_store::OUTBOX_CHANNEL;
 use tokio::sync::Notify;
+
+/// How often the SQLite watcher reads `PRAGMA data_version`: a read of the WAL index in
+/// shared memory, no disk and no lock, so a new row waits 5 ms on average for its claim
+/// instead of half the poll interval.
+pub const SQLITE_WATCH_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The least time between two wake-ups from the SQLite watcher. A claim takes SQLite's
+/// one write lock, which CreateStudent's commits need too: woken by every commit, a relay
+/// under steady load claimed a few rows at a time hundreds of times a second, and
+/// student-svc created a third as many students at 4 in flight (BENCHMARKS.md, "SQLite
+/// relays woken by commits"). With at most 25 wake-ups a second, rows that arrive
+/// together are claimed together.
+pub const SQLITE_MIN_WAKE_GAP: Duration = Duration::from_millis(40);
 
 /// Wake-ups for one relay.
 pub struct Wakeup {
@@ -21,14 +38,27 @@ pub struct Wakeup {
 }
 
 impl Wakeup {
-    /// LISTENs on PostgreSQL; only polls on SQLite, or when LISTEN cannot be set up
-    /// (logged).
+    /// LISTENs on PostgreSQL and watches `data_version` on SQLite; only polls when
+    /// neither can be set up (logged).
     pub async fn for_database(url: &str) -> Self {
         let notified = Arc::new(Notify::new());
         if platform::db::is_sqlite(url) {
-            return Self {
-                notified,
-                listener: None,
+            let watcher = async {
+                let options = SqliteConnectOptions::from_str(url)?.read_only(true);
+                SqliteConnection::connect_with(&options).await
+            };
+            return match watcher.await {
+                Ok(connection) => Self {
+                    listener: Some(tokio::spawn(watch(connection, notified.clone()))),
+                    notified,
+                },
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot watch the SQLite file; polling only");
+                    Self {
+                        notified,
+                        listener: None,
+                    }
+                }
             };
         }
         let listener = async {
@@ -51,7 +81,8 @@ impl Wakeup {
         }
     }
 
-    /// Tells whether notifications arrive (PostgreSQL) or only the poll interval wakes.
+    /// Tells whether commits wake the relay (`LISTEN`, or the SQLite watcher) or only the
+    /// poll interval does.
     pub fn is_listening(&self) -> bool {
         self.listener.is_some()
     }
@@ -90,4 +121,50 @@ async fn forward(mut listener: PgListener, notified: Arc<Notify>) {
             }
         }
     }
+}
+
+/// Turns commits that leave rows pending in the SQLite file into permits until the relay
+/// stops.
+///
+/// `PRAGMA data_version` on one connection changes whenever another connection has
+/// committed a change since it was last read: a student-svc commit, and also the relay's
+/// own claims and finalizes (its pool's connections are others too). So a change is only
+/// a reason to look: the relay is woken when a row is pending
+/// ([`student_store::outbox::ANY_PENDING`], a read, which takes no write lock), and a
+/// commit of its own that left nothing pending costs it no claim. The version means
+/// something only on the connection that read it, hence one connection held for good; if
+/// it fails, polling covers.
+async fn watch(mut connection: SqliteConnection, notified: Arc<Notify>) {
+    let mut seen: Option<i64> = None;
+    let mut tick = tokio::time::interval(SQLITE_WATCH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match sea_orm::sqlx::query_scalar::<_, i64>("PRAGMA data_version")
+            .fetch_one(&mut connection)
+            .await
+        {
+            Ok(version) => {
+                let wake =
+                    seen.is_some_and(|seen| seen != version) && any_pending(&mut connection).await;
+                seen = Some(version);
+                if wake {
+                    notified.notify_one();
+                    tick.reset_after(SQLITE_MIN_WAKE_GAP);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the SQLite data version; polling only");
+                return;
+            }
+        }
+    }
+}
+
+/// Whether a row is pending; on an error, yes (the claim will say).
+async fn any_pending(connection: &mut SqliteConnection) -> bool {
+    sea_orm::sqlx::query_scalar::<_, bool>(student_store::outbox::ANY_PENDING.as_str())
+        .fetch_one(connection)
+        .await
+        .unwrap_or(true)
 }

@@ -784,6 +784,21 @@ static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// Whether any row waits as `pending` (due now or backing off), read without the write
+/// lock a claim takes. The `status IN (…)` term lets SQLite use the partial index
+/// `outbox_claimable`, so the read costs the unfinished rows, not the `done` history. The
+/// relay's SQLite watcher asks it when the file changed and wakes the relay only if it
+/// holds: a commit that left nothing pending (the relay's own claim or finalize) costs no
+/// claim.
+pub static ANY_PENDING: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM outbox \
+          WHERE status IN ({pending}, {processing}) AND status = {pending})",
+        pending = literal(OutboxStatus::Pending),
+        processing = literal(OutboxStatus::Processing),
+    )
+});
+
 /// Per-student order: a row is claimable only when it is the oldest unfinished row of its
 /// student (every row with a lower `aggregate_version` is `done`). A failed or waiting row
 /// holds back the later rows of its own student, never anyone else's.

@@ -964,25 +964,31 @@ async fn the_pgbench_link_script_records_as_the_relays_group_commit_does() {
     );
 }
 
-/// PostgreSQL only (SQLite has no NOTIFY): a relay that polls every 300 s delivers each new
-/// row within seconds, woken by the NOTIFY student-svc sends, after the commit (the
-/// default) or inside the transaction.
+/// A relay that polls every 300 s delivers each new row within seconds: on PostgreSQL
+/// woken by the NOTIFY student-svc sends, after the commit (the default) or inside the
+/// transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn notify_after_commit_wakes_an_idle_postgres_relay_long_before_its_poll() {
-    notify_wakes_an_idle_postgres_relay(WakeRelays::AfterCommit).await;
+    a_commit_wakes_an_idle_relay(Backend::Postgres, WakeRelays::AfterCommit).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn notify_in_transaction_wakes_an_idle_postgres_relay_long_before_its_poll() {
-    notify_wakes_an_idle_postgres_relay(WakeRelays::InTransaction).await;
+    a_commit_wakes_an_idle_relay(Backend::Postgres, WakeRelays::InTransaction).await;
 }
 
-async fn notify_wakes_an_idle_postgres_relay(wake_relays: WakeRelays) {
+/// On SQLite, which has no NOTIFY, woken by its watch on the file's `data_version`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_wakes_an_idle_sqlite_relay_long_before_its_poll() {
+    a_commit_wakes_an_idle_relay(Backend::Sqlite, WakeRelays::default()).await;
+}
+
+async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays) {
     let options = AppOptions {
         wake_relays,
         ..AppOptions::default()
     };
-    let Some(app) = spawn_app_with(Backend::Postgres, options).await else {
+    let Some(app) = spawn_app_with(backend, options).await else {
         return;
     };
     let relay = app.relay_with(
@@ -993,7 +999,7 @@ async fn notify_wakes_an_idle_postgres_relay(wake_relays: WakeRelays) {
         },
     );
     let wakeup = Wakeup::for_database(&app.databases.student_url).await;
-    assert!(wakeup.is_listening(), "PostgreSQL relays LISTEN");
+    assert!(wakeup.is_listening(), "commits wake the relay");
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
