@@ -42,37 +42,28 @@ impl Wakeup {
     /// neither can be set up (logged).
     pub async fn for_database(url: &str) -> Self {
         let notified = Arc::new(Notify::new());
-        if platform::db::is_sqlite(url) {
+        let (task, what) = if platform::db::is_sqlite(url) {
             let watcher = async {
                 let options = SqliteConnectOptions::from_str(url)?.read_only(true);
-                SqliteConnection::connect_with(&options).await
+                let connection = SqliteConnection::connect_with(&options).await?;
+                Ok(tokio::spawn(watch(connection, notified.clone())))
             };
-            return match watcher.await {
-                Ok(connection) => Self {
-                    listener: Some(tokio::spawn(watch(connection, notified.clone()))),
-                    notified,
-                },
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot watch the SQLite file; polling only");
-                    Self {
-                        notified,
-                        listener: None,
-                    }
-                }
+            (watcher.await, "watch the SQLite file")
+        } else {
+            let listener = async {
+                let mut listener = PgListener::connect(url).await?;
+                listener.listen(OUTBOX_CHANNEL).await?;
+                Ok(tokio::spawn(forward(listener, notified.clone())))
             };
-        }
-        let listener = async {
-            let mut listener = PgListener::connect(url).await?;
-            listener.listen(OUTBOX_CHANNEL).await?;
-            Ok::<_, sea_orm::sqlx::Error>(listener)
+            (listener.await, "LISTEN")
         };
-        match listener.await {
-            Ok(listener) => Self {
-                listener: Some(tokio::spawn(forward(listener, notified.clone()))),
+        match task {
+            Ok(task) => Self {
                 notified,
+                listener: Some(task),
             },
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot LISTEN; polling only");
+            Err::<_, sea_orm::sqlx::Error>(err) => {
+                tracing::warn!(error = %err, "cannot {what}; polling only");
                 Self {
                     notified,
                     listener: None,
