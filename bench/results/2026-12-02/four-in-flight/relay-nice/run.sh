@@ -1,20 +1,15 @@
 #!/bin/bash
-# Paired: compare at 4 in flight, relay at normal priority vs relay at nice N.
-cd /work/main
+# Paired, alternated run by run: `compare` at 4 in flight with the relay at normal
+# priority ("plain") and at nice 10 ("nice10"). Run as root from the repository's root
+# after `cargo build --release -p loadgen -p student-svc -p users-svc -p relay`.
+set -euo pipefail
+D=$PWD/bench/results/2026-12-02/four-in-flight/relay-nice
 PG=postgres://postgres@127.0.0.1:5432/postgres
-out=/tmp/nice
-renicer() {
-  while sleep 0.02; do
-    for p in $(pgrep -x relay); do
-      for t in /proc/$p/task/*; do renice -n "$1" -p "${t##*/}" >/dev/null 2>&1; done
-    done
-  done
-}
+source "$D/../renice.sh"
 for i in 1 2 3; do
-  for v in plain nice10; do
-    if [ $v = nice10 ]; then renicer 10 & R=$!; fi
-    ./target/release/loadgen --backend $PG --json $out/$v-$i.json compare --students 10000 --in-flight 4 > $out/$v-$i.txt 2>&1
-    if [ $v = nice10 ]; then kill $R; wait $R 2>/dev/null; fi
-  done
+    for v in plain nice10; do
+        if [ $v = nice10 ]; then renice_while_running 10 relay & R=$!; fi
+        ./target/release/loadgen --backend $PG --json "$D/$v-$i.json" compare --students 10000 --in-flight 4 > "$D/$v-$i.txt" 2>&1
+        if [ $v = nice10 ]; then kill $R; wait $R || true; fi
+    done
 done
-echo DONE > $out/done
