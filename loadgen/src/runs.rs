@@ -193,8 +193,9 @@ pub async fn drain(
 /// Gives the backlog's database what a running one has. A real backlog builds up over
 /// minutes (while Users is down), and autovacuum vacuums and analyzes a new table within a
 /// minute of its first thousand rows; written in seconds into a new database, the outbox has
-/// no statistics yet, and PostgreSQL plans each claim as a sort of every due row (BENCHMARKS.md,
-/// "Claims after a quiet spell"). SQLite gathers none unless asked, on both sides.
+/// no statistics yet, and PostgreSQL plans each claim as a sort of every due row
+/// (BENCHMARKS-JOURNAL.md, "Claims after a quiet spell"). SQLite gathers none unless asked,
+/// on both sides.
 async fn settle(db: &DatabaseConnection) -> anyhow::Result<()> {
     if db.get_database_backend() == DbBackend::Postgres {
         db.execute_unprepared("VACUUM ANALYZE outbox").await?;

@@ -383,8 +383,8 @@ fn environment(options: &Options) -> Vec<(String, String)> {
     if options.link_mode == "direct" {
         // The baseline at its best: direct's requests wait on a call to Users in their
         // middle, and both services completed more of them per second on two threads than
-        // on the one the outbox flow runs on by default (BENCHMARKS.md, "One thread per
-        // service"). `--env` can still say otherwise.
+        // on the one the outbox flow runs on by default (BENCHMARKS-JOURNAL.md, "One thread
+        // per service"). `--env` can still say otherwise.
         for name in ["STUDENT_WORKER_THREADS", "USERS_WORKER_THREADS"] {
             env.push((name.to_owned(), "2".to_owned()));
         }

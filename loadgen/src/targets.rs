@@ -443,8 +443,8 @@ mod tests {
         assert_eq!(thousands(1_234_567.0), "1,234,567");
     }
 
-    /// The PostgreSQL suite of `666def8` (BENCHMARKS.md, "run 1"): what its table said by
-    /// hand is what the rules say.
+    /// The PostgreSQL suite of `666def8` (BENCHMARKS-JOURNAL.md, "Results at commit
+    /// `666def8`", run 1): what its table said by hand is what the rules say.
     #[test]
     fn a_kept_postgres_suite_is_judged_by_the_issues_bounds() {
         let report = load_kept("bench/results/2026-12-02/suite-one-statement/suite-pg.json");
@@ -500,19 +500,21 @@ mod tests {
         assert_eq!(verdicts.len(), 12, "every row is shown, for scale");
     }
 
-    /// Every table BENCHMARKS.md marks as `loadgen targets FILE` output is exactly what
-    /// the command prints for that kept file: its numbers cannot drift from their JSON.
-    /// (`cargo run -p loadgen -- targets --update BENCHMARKS.md` prints them again.)
+    /// Every table BENCHMARKS.md and its journal mark as `loadgen targets FILE` output is
+    /// exactly what the command prints for that kept file: their numbers cannot drift from
+    /// their JSON. (`cargo run -p loadgen -- targets --update BENCHMARKS.md` prints them
+    /// again, and the same with BENCHMARKS-JOURNAL.md.)
     #[test]
     fn the_tables_in_benchmarks_md_are_what_loadgen_targets_prints() {
-        let path = workspace().join("BENCHMARKS.md");
-        let text = std::fs::read_to_string(&path).unwrap();
-        let regenerated = regenerate(&text, &workspace()).unwrap();
-        assert!(
-            text == regenerated,
-            "BENCHMARKS.md's `loadgen targets` tables are not what their files give; \
-             run `cargo run -p loadgen -- targets --update BENCHMARKS.md`"
-        );
+        for document in ["BENCHMARKS.md", "BENCHMARKS-JOURNAL.md"] {
+            let text = std::fs::read_to_string(workspace().join(document)).unwrap();
+            let regenerated = regenerate(&text, &workspace()).unwrap();
+            assert!(
+                text == regenerated,
+                "{document}'s `loadgen targets` tables are not what their files give; \
+                 run `cargo run -p loadgen -- targets --update {document}`"
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! runtime most of those hand-offs wake another thread, and on a small box shared with
 //! the database each wake-up costs a context switch and often an idle core's wake-up. On
 //! one thread they are plain function calls. Paired on the 2-core reference machine
-//! (BENCHMARKS.md, "One thread per service"), one thread took a quarter off student-svc's
+//! (BENCHMARKS-JOURNAL.md, "One thread per service"), one thread took a quarter off student-svc's
 //! CPU per student and linked more per second; a box with cores to spare for a service
 //! can give it more threads (`--worker-threads`), or run more instances of it.
 

@@ -26,8 +26,8 @@ pub const SQLITE_WATCH_INTERVAL: Duration = Duration::from_millis(10);
 /// The least time between two wake-ups from the SQLite watcher. A claim takes SQLite's
 /// one write lock, which CreateStudent's commits need too: woken by every commit, a relay
 /// under steady load claimed a few rows at a time hundreds of times a second, and
-/// student-svc created a third as many students at 4 in flight (BENCHMARKS.md, "SQLite
-/// relays woken by commits"). With at most 25 wake-ups a second, rows that arrive
+/// student-svc created a third as many students at 4 in flight (BENCHMARKS-JOURNAL.md,
+/// "SQLite relays woken by commits"). With at most 25 wake-ups a second, rows that arrive
 /// together are claimed together.
 pub const SQLITE_MIN_WAKE_GAP: Duration = Duration::from_millis(40);
 

@@ -752,7 +752,7 @@ static CLAIM_POSTGRES: LazyLock<String> = LazyLock::new(|| {
 /// order, stopping after its limit. Before autovacuum first analyzes a new outbox (about a
 /// minute; `reltuples` is -1), PostgreSQL planned it as a bitmap scan of every due row, the
 /// per-student `MIN` for each, and a sort: 38.8 ms for a claim of 32 behind 20,000 due rows,
-/// against 0.4 ms in id order (BENCHMARKS.md, "A brand-new outbox"). With bitmap scans off
+/// against 0.4 ms in id order (BENCHMARKS-JOURNAL.md, "A brand-new outbox"). With bitmap scans off
 /// it walks the index in order at once. (A planner setting cannot be scoped to one
 /// statement without a transaction around it, a round trip more per claim. The relay's
 /// other statements find rows by id, or count one status through its partial index,

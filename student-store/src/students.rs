@@ -247,7 +247,8 @@ fn together(rows: Vec<(students::ActiveModel, outbox::ActiveModel)>) -> Statemen
 
 /// PostgreSQL: the students and their outbox rows in ONE statement (see
 /// [`platform::db::insert_both`]), one round trip instead of four, which made CreateStudent
-/// a third faster (BENCHMARKS.md). Returns them in the order of `rows`.
+/// a third faster (BENCHMARKS-JOURNAL.md, "CreateStudent in one statement"). Returns them in
+/// the order of `rows`.
 async fn insert_together(
     db: &DatabaseConnection,
     rows: Vec<(students::ActiveModel, outbox::ActiveModel)>,

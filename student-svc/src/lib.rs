@@ -52,7 +52,7 @@ pub struct Config {
     pub db_max_connections: u32,
     /// Threads that run requests: 1 (the default) runs the whole service on one thread,
     /// which cost less CPU per request and served more under load on a 2-core box shared
-    /// with the database, while two gave lower latency at moderate load (BENCHMARKS.md,
+    /// with the database, while two gave lower latency at moderate load (BENCHMARKS-JOURNAL.md,
     /// "One thread per service"); give it more on a box with cores to spare.
     #[arg(long, env = "STUDENT_WORKER_THREADS", default_value = "1")]
     pub worker_threads: std::num::NonZeroUsize,

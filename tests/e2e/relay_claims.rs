@@ -883,7 +883,7 @@ fn explained(explain: &str, statement: Statement) -> Statement {
 /// PostgreSQL only: a brand-new outbox, never analyzed, behind a backlog. The relay's own
 /// connections (`relay::open_when_ready`, set up by `outbox::CLAIMING_SESSION`) claim by
 /// walking `outbox_claimable` in id order. A connection without that setting planned a
-/// bitmap scan and a sort of every due row there (BENCHMARKS.md, "A brand-new outbox").
+/// bitmap scan and a sort of every due row there (BENCHMARKS-JOURNAL.md, "A brand-new outbox").
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_new_outbox_the_relays_claim_walks_the_index_in_id_order() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
