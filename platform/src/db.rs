@@ -7,7 +7,10 @@ use sea_orm::{
     ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
     RuntimeErr, SqlErr, SqliteTransactionMode, TransactionOptions, TransactionTrait,
     sea_query::{CommonTableExpression, Expr, InsertStatement, WithClause},
-    sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous},
+    sqlx::{
+        postgres::PgConnectOptions,
+        sqlite::{SqliteJournalMode, SqliteSynchronous},
+    },
 };
 
 /// How long a SQLite writer waits for the write lock before giving up with SQLITE_BUSY.
@@ -62,9 +65,10 @@ pub async fn connect_with_settings(
         // the pool on every busy path (a replay is one statement, so this halves its trips).
         .test_before_acquire_if_idle_for(IDLE_BEFORE_PING)
         .sqlx_logging(false);
-    if !settings.is_empty() {
-        options.map_sqlx_postgres_opts(move |o| o.options(settings.iter().copied()));
-    }
+    options.map_sqlx_postgres_opts(move |o| match settings {
+        [] => named(o),
+        _ => named(o).options(settings.iter().copied()),
+    });
     if is_sqlite(url) {
         create_parent_dir(url)?;
         // (sea-orm would default a SQLite pool to one connection: a second concurrent
@@ -90,6 +94,33 @@ pub async fn connect_with_settings(
                 return result.with_context(|| format!("cannot open database {}", redact_url(url)));
             }
         }
+    }
+}
+
+/// PostgreSQL connection options for `url`, named as [`connect_with`] names them: for a
+/// connection a pool does not make (the relay's `LISTEN`).
+pub fn postgres_options(url: &str) -> anyhow::Result<PgConnectOptions> {
+    let options: PgConnectOptions = url
+        .parse()
+        .with_context(|| format!("not a PostgreSQL URL: {}", redact_url(url)))?;
+    Ok(named(options))
+}
+
+/// Every PostgreSQL connection says whose it is: its `application_name` (what
+/// `pg_stat_activity` shows) is the program's own name, `student-svc`, `users-svc` or
+/// `relay`, unless the URL (`?application_name=…`) or `PGAPPNAME` gives one. Connections
+/// count against the server's `max_connections`; this is how an operator sees which
+/// binaries hold them (README, "Running on PostgreSQL").
+fn named(options: PgConnectOptions) -> PgConnectOptions {
+    if options.get_application_name().is_some() {
+        return options;
+    }
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.file_stem()?.to_string_lossy().into_owned()));
+    match program {
+        Some(name) => options.application_name(&name),
+        None => options,
     }
 }
 
@@ -249,6 +280,22 @@ mod tests {
             insert_both(insert("a", 1), insert("b", 2)).to_string(PostgresQueryBuilder),
             r#"WITH "first" AS (INSERT INTO "a" ("n") VALUES (1)) INSERT INTO "b" ("n") VALUES (2)"#
         );
+    }
+
+    #[test]
+    fn postgres_connections_are_named_after_the_program_unless_the_url_names_them() {
+        let by_url =
+            postgres_options("postgres://app@db/student?application_name=relay-3").expect("a URL");
+        assert_eq!(by_url.get_application_name(), Some("relay-3"));
+        let program = std::env::var("PGAPPNAME").unwrap_or_else(|_| {
+            let exe = std::env::current_exe().expect("this test's program");
+            exe.file_stem()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned()
+        });
+        let unnamed = postgres_options("postgres://app@db/student").expect("a URL");
+        assert_eq!(unnamed.get_application_name(), Some(program.as_str()));
     }
 
     #[test]

@@ -12,7 +12,8 @@ use std::{str::FromStr as _, sync::Arc, time::Duration};
 
 use sea_orm::sqlx::{
     Connection as _,
-    postgres::PgListener,
+    pool::PoolOptions,
+    postgres::{PgListener, Postgres},
     sqlite::{SqliteConnectOptions, SqliteConnection},
 };
 use student_store::OUTBOX_CHANNEL;
@@ -51,7 +52,7 @@ impl Wakeup {
             (watcher.await, "watch the SQLite file")
         } else {
             let listener = async {
-                let mut listener = PgListener::connect(url).await?;
+                let mut listener = listen(url).await?;
                 listener.listen(OUTBOX_CHANNEL).await?;
                 Ok(tokio::spawn(forward(listener, notified.clone())))
             };
@@ -62,8 +63,8 @@ impl Wakeup {
                 notified,
                 listener: Some(task),
             },
-            Err::<_, sea_orm::sqlx::Error>(err) => {
-                tracing::warn!(error = %err, "cannot {what}; polling only");
+            Err::<_, anyhow::Error>(err) => {
+                tracing::warn!(error = %format!("{err:#}"), "cannot {what}; polling only");
                 Self {
                     notified,
                     listener: None,
@@ -91,6 +92,21 @@ impl Drop for Wakeup {
             listener.abort();
         }
     }
+}
+
+/// A listener on a connection of its own (one more than `--db-max-connections`), named in
+/// `pg_stat_activity` as the relay's pool is ([`platform::db::postgres_options`]). Its
+/// one-connection pool only reconnects it, as [`PgListener::connect`]'s does.
+async fn listen(url: &str) -> anyhow::Result<PgListener> {
+    let pool = PoolOptions::<Postgres>::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_with(platform::db::postgres_options(url)?)
+        .await?;
+    let mut listener = PgListener::connect_with(&pool).await?;
+    listener.ignore_pool_close_event(true);
+    Ok(listener)
 }
 
 /// Turns notifications into permits until the relay stops.

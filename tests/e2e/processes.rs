@@ -500,6 +500,135 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 6).await;
 }
 
+/// PostgreSQL only (README, "Running on PostgreSQL"): every binary opens at most
+/// `--db-max-connections` connections to its database, a relay one more to LISTEN, and
+/// PostgreSQL shows whose each is (`application_name`: the program's name, or the one the
+/// URL gives). With the defaults, both services and eight relays working at once hold at
+/// most 10 + 10 + 8 × (4 + 1) = 60 connections. The reads keep student-svc's pool full,
+/// so its limit is reached, not just respected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_relays_and_both_services_keep_to_their_connection_budgets() {
+    const STUDENTS: usize = 800;
+    let Some(mut stack) = Stack::start(Backend::Postgres).await else {
+        return;
+    };
+    // Relay 0 keeps the program's own name; the others are named by their URLs.
+    let relays: Vec<String> = (1..8).map(|n| format!("relay-{n}")).collect();
+    for name in &relays {
+        stack.start_relay_named(name);
+    }
+    let mut budgets: Vec<(String, i64)> = vec![
+        ("student-svc".to_owned(), 10),
+        ("users-svc".to_owned(), 10),
+        ("relay".to_owned(), 4 + 1),
+    ];
+    budgets.extend(relays.iter().map(|name| (name.clone(), 4 + 1)));
+    let this_test = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.file_stem()?.to_string_lossy().into_owned()))
+        .expect("the test's own program name");
+
+    // Every 10 ms until the work is done: each name's connections to the two databases.
+    let databases = format!(
+        "'{}', '{}'",
+        database_name(&stack.student_db).await,
+        database_name(&stack.users_db).await
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let sampler = tokio::spawn({
+        let (db, stop) = (stack.student_db.clone(), stop.clone());
+        async move {
+            let mut most = std::collections::BTreeMap::<String, i64>::new();
+            while !stop.is_cancelled() {
+                let rows = db
+                    .query_all_raw(sea_orm::Statement::from_string(
+                        sea_orm::DbBackend::Postgres,
+                        format!(
+                            "SELECT application_name AS name, count(*) AS connections \
+                             FROM pg_stat_activity WHERE datname IN ({databases}) GROUP BY 1"
+                        ),
+                    ))
+                    .await
+                    .expect("pg_stat_activity");
+                for row in rows {
+                    let name: String = row.try_get("", "name").expect("name");
+                    let connections: i64 = row.try_get("", "connections").expect("count");
+                    let seen = most.entry(name).or_default();
+                    *seen = (*seen).max(connections);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            most
+        }
+    });
+
+    // CreateStudents 32 at a time, each task reading students back as it goes.
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writers: Vec<_> = (0..32)
+        .map(|_| {
+            let (mut client, next) = (stack.student_client(), next.clone());
+            tokio::spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if n >= STUDENTS {
+                        break;
+                    }
+                    let id = client
+                        .create_student(crate::support::student_request(n))
+                        .await
+                        .expect("created")
+                        .into_inner()
+                        .id;
+                    for _ in 0..3 {
+                        client
+                            .get_student(GetStudentRequest { id: id.clone() })
+                            .await
+                            .expect("read back");
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    stack.wait_until_all_linked(STUDENTS as u64).await;
+    stop.cancel();
+    let most = sampler.await.expect("sampler");
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, STUDENTS).await;
+
+    let mut total = 0;
+    for (name, budget) in &budgets {
+        let held = most.get(name).copied().unwrap_or(0);
+        assert!(
+            (1..=*budget).contains(&held),
+            "{name} held {held} connections at most, its budget is {budget}: {most:?}"
+        );
+        total += held;
+    }
+    assert!(total <= 60, "{total} connections at most: {most:?}");
+    assert_eq!(most["student-svc"], 10, "the reads fill its pool: {most:?}");
+    // Each relay's LISTEN connection is named too: nothing else is in these databases.
+    for name in most.keys() {
+        assert!(
+            *name == this_test || budgets.iter().any(|(known, _)| known == name),
+            "a connection named {name:?}: {most:?}"
+        );
+    }
+}
+
+async fn database_name(db: &sea_orm::DatabaseConnection) -> String {
+    db.query_one_raw(sea_orm::Statement::from_string(
+        sea_orm::DbBackend::Postgres,
+        "SELECT current_database() AS name",
+    ))
+    .await
+    .expect("current_database()")
+    .expect("a row")
+    .try_get("", "name")
+    .expect("its name")
+}
+
 async fn wait_for_health(addr: std::net::SocketAddr, expected: ServingStatus) {
     eventually(
         &format!("student-svc health {expected:?}"),

@@ -108,7 +108,15 @@ impl Stack {
         let dbs = TestDatabases::create(backend).await?;
         let (users_proxy, student_proxy) = (Proxy::start().await, Proxy::start().await);
         let users = start_service(&dbs, log_filter, "users-svc", &users_proxy, None, extra).await;
-        let relay = spawn_relay(&dbs, log_filter, 0, users_proxy.addr(), None, extra);
+        let relay = spawn_relay(
+            &dbs,
+            &dbs.student_url,
+            log_filter,
+            0,
+            users_proxy.addr(),
+            None,
+            extra,
+        );
         let student =
             start_service(&dbs, log_filter, "student-svc", &student_proxy, None, extra).await;
         let student_db = platform::db::connect(&dbs.student_url)
@@ -203,11 +211,29 @@ impl Stack {
     pub fn start_relay(&mut self, failpoints: Option<&str>, extra: &[&str]) {
         self.relays.push(spawn_relay(
             &self.dbs,
+            &self.dbs.student_url,
             &self.log_filter,
             self.relays_started,
             self.users_addr,
             failpoints,
             extra,
+        ));
+        self.relays_started += 1;
+    }
+
+    /// Starts one more relay whose connections PostgreSQL shows as `application_name`
+    /// `name` (given in its database URL, which overrides the program's own name).
+    pub fn start_relay_named(&mut self, name: &str) {
+        let url = &self.dbs.student_url;
+        let separator = if url.contains('?') { '&' } else { '?' };
+        self.relays.push(spawn_relay(
+            &self.dbs,
+            &format!("{url}{separator}application_name={name}"),
+            &self.log_filter,
+            self.relays_started,
+            self.users_addr,
+            None,
+            &[],
         ));
         self.relays_started += 1;
     }
@@ -592,6 +618,7 @@ async fn start_service(
 
 fn spawn_relay(
     dbs: &TestDatabases,
+    database_url: &str,
     log_filter: &str,
     number: usize,
     users_addr: SocketAddr,
@@ -601,7 +628,7 @@ fn spawn_relay(
     let users_url = format!("http://{users_addr}");
     let mut args: Vec<String> = [
         "--database-url",
-        &dbs.student_url,
+        database_url,
         "--users-url",
         &users_url,
         "run",
