@@ -32,7 +32,8 @@ pub struct Cli {
     /// Also write the results as JSON here.
     #[arg(long, global = true)]
     pub json: Option<PathBuf>,
-    /// Extra environment for every binary, `NAME=VALUE` (e.g. `RELAY_CONCURRENCY=32`).
+    /// Extra environment for every binary, `NAME=VALUE` (e.g. `RELAY_CONCURRENCY=32`);
+    /// `RUST_LOG` stays `info`, the level at which a service says where it listens.
     #[arg(long = "env", global = true)]
     pub env: Vec<String>,
     /// Measure a system already running instead of starting one: its student-svc

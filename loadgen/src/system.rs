@@ -390,7 +390,9 @@ fn environment(options: &Options) -> Vec<(String, String)> {
         }
     }
     env.extend(options.env.iter().cloned());
-    // As deployed by default: every binary logs at info.
+    // Every binary logs at info, as deployed by default, whatever `--env` says: loadgen
+    // learns each service's port from the line it logs at info once it listens
+    // (`devstack::Process::listening_addr`), so a quieter level would leave it waiting.
     env.push(("RUST_LOG".into(), "info".into()));
     env
 }
