@@ -1,6 +1,12 @@
 //! Opening a database and its write transactions, identically for SQLite and PostgreSQL.
 
-use std::{path::Path, time::Duration};
+use std::{
+    cell::Cell,
+    ffi::{c_int, c_void},
+    path::Path,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use sea_orm::{
@@ -15,6 +21,10 @@ use sea_orm::{
 
 /// How long a SQLite writer waits for the write lock before giving up with SQLITE_BUSY.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a SQLite writer sleeps between two tries for the write lock (see
+/// [`wait_for_the_write_lock`]).
+const SQLITE_BUSY_PAUSE: Duration = Duration::from_millis(1);
 
 /// A pooled connection idle at least this long is pinged before use: a busy service reuses
 /// its connections far more often and never pays for it, while one that sat through a
@@ -71,6 +81,23 @@ pub async fn connect_with_settings(
     });
     if is_sqlite(url) {
         create_parent_dir(url)?;
+        options.map_sqlx_sqlite_pool_opts(|pool| {
+            pool.after_connect(|connection, _| {
+                Box::pin(async move {
+                    let mut handle = connection.lock_handle().await?;
+                    // SAFETY: the handle is a live connection, locked for this call so that
+                    // nothing runs on it meanwhile; the handler takes no argument.
+                    unsafe {
+                        libsqlite3_sys::sqlite3_busy_handler(
+                            handle.as_raw_handle().as_ptr(),
+                            Some(wait_for_the_write_lock),
+                            std::ptr::null_mut(),
+                        );
+                    }
+                    Ok(())
+                })
+            })
+        });
         // (sea-orm would default a SQLite pool to one connection: a second concurrent
         // transaction would then wait for the pool instead of for SQLite's lock.)
         options.map_sqlx_sqlite_opts(|o| {
@@ -121,6 +148,56 @@ fn named(options: PgConnectOptions) -> PgConnectOptions {
     match program {
         Some(name) => options.application_name(&name),
         None => options,
+    }
+}
+
+/// Times this process's SQLite writers have paused for the write lock: each pause is one
+/// [`SQLITE_BUSY_PAUSE`] while another connection (of this process or another) wrote.
+pub fn sqlite_lock_waits() -> u64 {
+    SQLITE_LOCK_WAITS.load(Ordering::Relaxed)
+}
+
+static SQLITE_LOCK_WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// The pause before the next try for SQLite's write lock, after waiting `waited` for it;
+/// `None` once the busy timeout is spent (the statement then fails with SQLITE_BUSY).
+fn busy_pause(waited: Duration) -> Option<Duration> {
+    (waited < SQLITE_BUSY_TIMEOUT).then_some(SQLITE_BUSY_PAUSE)
+}
+
+/// Every SQLite connection's busy handler: while another connection holds the one write
+/// lock, try again every millisecond, for up to the busy timeout.
+///
+/// SQLite's own handler (what `busy_timeout` installs) sleeps longer the more tries a
+/// writer has made, up to 100 ms between two of them, and the lock goes to whoever asks
+/// first once it is free. student-svc's writer asks again as soon as it has committed, so
+/// a relay that had lost a few times slept through dozens of its commits: at 4 in flight
+/// one relay thread was seen in 100 ms sleeps for four seconds on end, and rows waited
+/// seconds to be linked while the relay sat idle (BENCHMARKS.md, "SQLite's write lock,
+/// shared"). With the same short pause for every writer, each gets its turn.
+///
+/// SQLite calls it on the thread running the statement, which for sqlx is the
+/// connection's own, so a thread-local holds when the current wait began.
+extern "C" fn wait_for_the_write_lock(_: *mut c_void, tries: c_int) -> c_int {
+    thread_local! {
+        static WAITING_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    let now = Instant::now();
+    let since = WAITING_SINCE
+        .try_with(|since| {
+            if tries == 0 || since.get().is_none() {
+                since.set(Some(now));
+            }
+            since.get().unwrap_or(now)
+        })
+        .unwrap_or(now);
+    match busy_pause(now.saturating_duration_since(since)) {
+        Some(pause) => {
+            SQLITE_LOCK_WAITS.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(pause);
+            1
+        }
+        None => 0,
     }
 }
 
@@ -296,6 +373,66 @@ mod tests {
         });
         let unnamed = postgres_options("postgres://app@db/student").expect("a URL");
         assert_eq!(unnamed.get_application_name(), Some(program.as_str()));
+    }
+
+    #[test]
+    fn a_sqlite_writer_pauses_a_millisecond_between_tries_until_the_busy_timeout() {
+        let pause = Duration::from_millis(1);
+        assert_eq!(busy_pause(Duration::ZERO), Some(pause));
+        assert_eq!(busy_pause(Duration::from_millis(9_999)), Some(pause));
+        assert_eq!(busy_pause(SQLITE_BUSY_TIMEOUT), None);
+    }
+
+    /// A writer that finds the lock taken waits in the project's handler (its pauses are
+    /// counted) and writes once the lock is free.
+    #[tokio::test]
+    async fn a_sqlite_writer_waits_for_the_lock_in_the_projects_handler() {
+        use sea_orm::ConnectionTrait as _;
+        let path = std::env::temp_dir().join(format!("busy-{}.db", uuid::Uuid::new_v4()));
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let (holder, writer) = (
+            connect(&url).await.expect("open"),
+            connect(&url).await.expect("open"),
+        );
+        holder
+            .execute_unprepared("CREATE TABLE t (n INTEGER)")
+            .await
+            .expect("table");
+        let lock = begin_write(&holder).await.expect("the write lock");
+        let before = sqlite_lock_waits();
+        let write = tokio::spawn(async move {
+            let transaction = begin_write(&writer).await?;
+            transaction
+                .execute_unprepared("INSERT INTO t VALUES (1)")
+                .await?;
+            transaction.commit().await
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sqlite_lock_waits() < before + 3 {
+            assert!(
+                Instant::now() < deadline,
+                "the writer never paused in our handler"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(!write.is_finished(), "it waits while the lock is held");
+        lock.commit().await.expect("released");
+        write
+            .await
+            .expect("task")
+            .expect("written once the lock is free");
+        let rows = holder
+            .query_one_raw(sea_orm::Statement::from_string(
+                DbBackend::Sqlite,
+                "SELECT count(*) AS n FROM t",
+            ))
+            .await
+            .expect("count")
+            .expect("a row")
+            .try_get::<i64>("", "n")
+            .expect("n");
+        assert_eq!(rows, 1);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
