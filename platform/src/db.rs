@@ -81,6 +81,8 @@ pub async fn connect_with_settings(
     });
     if is_sqlite(url) {
         create_parent_dir(url)?;
+        // Every connection waits for the write lock in short, equal pauses
+        // ([`wait_for_the_write_lock`]), not in SQLite's growing ones.
         options.map_sqlx_sqlite_pool_opts(|pool| {
             pool.after_connect(|connection, _| {
                 Box::pin(async move {
