@@ -4,7 +4,10 @@ use std::{
     cell::Cell,
     ffi::{c_int, c_void},
     path::Path,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -141,16 +144,20 @@ pub fn postgres_options(url: &str) -> anyhow::Result<PgConnectOptions> {
 /// count against the server's `max_connections`; this is how an operator sees which
 /// binaries hold them (README, "Running on PostgreSQL").
 fn named(options: PgConnectOptions) -> PgConnectOptions {
-    if options.get_application_name().is_some() {
-        return options;
+    match program_name() {
+        Some(name) if options.get_application_name().is_none() => options.application_name(name),
+        _ => options,
     }
-    let program = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.file_stem()?.to_string_lossy().into_owned()));
-    match program {
-        Some(name) => options.application_name(&name),
-        None => options,
-    }
+}
+
+/// This program's name (its executable's, without a directory or an extension), read once.
+pub fn program_name() -> Option<&'static str> {
+    static NAME: OnceLock<Option<String>> = OnceLock::new();
+    NAME.get_or_init(|| {
+        let exe = std::env::current_exe().ok()?;
+        Some(exe.file_stem()?.to_string_lossy().into_owned())
+    })
+    .as_deref()
 }
 
 /// Times this process's SQLite writers have paused for the write lock: each pause is one
@@ -187,7 +194,7 @@ extern "C" fn wait_for_the_write_lock(_: *mut c_void, tries: c_int) -> c_int {
     let now = Instant::now();
     let since = WAITING_SINCE
         .try_with(|since| {
-            if tries == 0 || since.get().is_none() {
+            if tries == 0 {
                 since.set(Some(now));
             }
             since.get().unwrap_or(now)
@@ -366,13 +373,9 @@ mod tests {
         let by_url =
             postgres_options("postgres://app@db/student?application_name=relay-3").expect("a URL");
         assert_eq!(by_url.get_application_name(), Some("relay-3"));
-        let program = std::env::var("PGAPPNAME").unwrap_or_else(|_| {
-            let exe = std::env::current_exe().expect("this test's program");
-            exe.file_stem()
-                .expect("a name")
-                .to_string_lossy()
-                .into_owned()
-        });
+        let this_binary = program_name().expect("this test's program");
+        assert!(this_binary.starts_with("platform-"), "{this_binary}");
+        let program = std::env::var("PGAPPNAME").unwrap_or_else(|_| this_binary.to_owned());
         let unnamed = postgres_options("postgres://app@db/student").expect("a URL");
         assert_eq!(unnamed.get_application_name(), Some(program.as_str()));
     }

@@ -64,7 +64,7 @@ impl Wakeup {
                 listener: Some(task),
             },
             Err::<_, anyhow::Error>(err) => {
-                tracing::warn!(error = %format!("{err:#}"), "cannot {what}; polling only");
+                tracing::warn!(error = format!("{err:#}"), "cannot {what}; polling only");
                 Self {
                     notified,
                     listener: None,

@@ -523,10 +523,7 @@ async fn eight_relays_and_both_services_keep_to_their_connection_budgets() {
         ("relay".to_owned(), 4 + 1),
     ];
     budgets.extend(relays.iter().map(|name| (name.clone(), 4 + 1)));
-    let this_test = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.file_stem()?.to_string_lossy().into_owned()))
-        .expect("the test's own program name");
+    let this_test = platform::db::program_name().expect("the test's own program name");
 
     // Every 10 ms until the work is done: each name's connections to the two databases.
     let databases = format!(

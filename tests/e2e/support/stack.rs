@@ -209,16 +209,8 @@ impl Stack {
     /// Starts one more relay, with `failpoints` armed (`FAILPOINTS` syntax) if given, and
     /// extra `run` flags (later flags override the test tuning).
     pub fn start_relay(&mut self, failpoints: Option<&str>, extra: &[&str]) {
-        self.relays.push(spawn_relay(
-            &self.dbs,
-            &self.dbs.student_url,
-            &self.log_filter,
-            self.relays_started,
-            self.users_addr,
-            failpoints,
-            extra,
-        ));
-        self.relays_started += 1;
+        let url = self.dbs.student_url.clone();
+        self.start_relay_at(&url, failpoints, extra);
     }
 
     /// Starts one more relay whose connections PostgreSQL shows as `application_name`
@@ -226,14 +218,22 @@ impl Stack {
     pub fn start_relay_named(&mut self, name: &str) {
         let url = &self.dbs.student_url;
         let separator = if url.contains('?') { '&' } else { '?' };
+        self.start_relay_at(
+            &format!("{url}{separator}application_name={name}"),
+            None,
+            &[],
+        );
+    }
+
+    fn start_relay_at(&mut self, database_url: &str, failpoints: Option<&str>, extra: &[&str]) {
         self.relays.push(spawn_relay(
             &self.dbs,
-            &format!("{url}{separator}application_name={name}"),
+            database_url,
             &self.log_filter,
             self.relays_started,
             self.users_addr,
-            None,
-            &[],
+            failpoints,
+            extra,
         ));
         self.relays_started += 1;
     }
