@@ -2,7 +2,8 @@
 # Which of the background work's costs slows CreateStudent at 4 in flight: its disk syncs
 # or its CPU? The same closed loop with no relay, with one relay as shipped, with users-svc
 # committing without waiting for the disk, and with both users-svc and the relay so
-# (a diagnostic only: Users' commits must be durable). loadgen patched by
+# (a diagnostic only: Users' commits must be durable). Run on a checkout of 79616e4 with
+# loadgen patched by
 # experiment.diff.txt (EXPERIMENT_USERS_NO_FLUSH, EXPERIMENT_RELAY_NO_FLUSH). Run from the
 # repository's root; writes beside itself.
 set -euo pipefail

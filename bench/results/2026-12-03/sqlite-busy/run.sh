@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Part one needs a checkout from before e6ed302 (ae79f0a), when SQLite's own busy handler
+# was in use; the part after `wait` needs e6ed302 or later.
+#
 # Where a SQLite relay waits at 4 in flight: the sleeps of SQLite's busy handler in the
 # relay and in student-svc, 4 s of each traced with strace (nanosleep calls and their
 # durations) three seconds into a closed loop. Run as root from the repository's root;
@@ -18,3 +21,5 @@ for r in 1 2; do
   ./target/release/loadgen --backend sqlite --json "$D/final-closed-4-$r.json" closed --students 10000 --in-flight 4 --relays 1 > "$D/final-closed-4-$r.txt" 2>&1
 done
 ./target/release/loadgen --backend sqlite --json "$D/suite-sqlite.json" suite --seconds 15 > "$D/suite-sqlite.txt"
+./target/release/loadgen --backend sqlite --json "$D/compare-sqlite.json" \
+  compare --students 6000 --in-flight 1,4,16,32 > "$D/compare-sqlite.txt" 2>&1

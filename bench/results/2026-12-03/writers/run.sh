@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CreateStudent alone at 32 in flight with 2 (the default), 3 and 4 group-commit writers
-# on PostgreSQL, alternated run by run; student-svc patched by experiment.diff.txt
+# on PostgreSQL, alternated run by run; a checkout of 79616e4 with student-svc patched by
+# experiment.diff.txt
 # (EXPERIMENT_STUDENT_WRITERS). Run from the repository's root; writes beside itself.
 set -euo pipefail
 D=$PWD/bench/results/2026-12-03/writers
