@@ -162,9 +162,14 @@ pub fn program_name() -> Option<&'static str> {
 
 /// Times this process's SQLite writers have paused for the write lock: each pause is one
 /// [`SQLITE_BUSY_PAUSE`] while another connection (of this process or another) wrote.
+/// Operators read the same count as [`SQLITE_WRITE_LOCK_WAITS`].
 pub fn sqlite_lock_waits() -> u64 {
     SQLITE_LOCK_WAITS.load(Ordering::Relaxed)
 }
+
+/// The counter of those pauses at `/metrics` (README, "Metrics"): how often writers queue
+/// on the one SQLite file, and roughly for how many milliseconds in all.
+pub const SQLITE_WRITE_LOCK_WAITS: &str = "sqlite_write_lock_waits_total";
 
 static SQLITE_LOCK_WAITS: AtomicU64 = AtomicU64::new(0);
 
@@ -203,6 +208,7 @@ extern "C" fn wait_for_the_write_lock(_: *mut c_void, tries: c_int) -> c_int {
     match busy_pause(now.saturating_duration_since(since)) {
         Some(pause) => {
             SQLITE_LOCK_WAITS.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(SQLITE_WRITE_LOCK_WAITS).increment(1);
             std::thread::sleep(pause);
             1
         }

@@ -47,7 +47,7 @@ pub async fn serve(
         .context("invalid histogram buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")?;
-    describe_grpc_metrics();
+    describe_metrics();
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen for metrics on {addr}"))?;
@@ -92,7 +92,7 @@ async fn upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
     }
 }
 
-fn describe_grpc_metrics() {
+fn describe_metrics() {
     metrics::describe_counter!(
         GRPC_HANDLED,
         "gRPC calls completed by the server, by service, method and status code (shed calls included)"
@@ -101,6 +101,10 @@ fn describe_grpc_metrics() {
         GRPC_HANDLING_SECONDS,
         metrics::Unit::Seconds,
         "Time from a call's arrival to its status"
+    );
+    metrics::describe_counter!(
+        crate::db::SQLITE_WRITE_LOCK_WAITS,
+        "SQLite only: 1 ms pauses of this process's writers while another connection held the write lock"
     );
 }
 

@@ -32,6 +32,7 @@ use crate::{
 
 on_both_backends!(
     metrics_of_each_process_move_as_work_is_done,
+    waits_for_sqlites_write_lock_are_counted,
     audit_reports_each_disagreement_between_the_databases,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     one_trace_id_follows_a_student_through_the_three_processes,
@@ -309,6 +310,62 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         1.0,
         "{users}"
     );
+}
+
+/// SQLite has one write lock per file, which student-svc and the relays share: a writer
+/// that finds it taken pauses 1 ms and tries again (`platform::db`'s busy handler), and
+/// `sqlite_write_lock_waits_total` counts the pauses, so an operator sees how contended the
+/// file is. Here the test holds the Student DB's lock: CreateStudent waits, counted, and
+/// is written once the lock is free. PostgreSQL has no such lock: no process exports it.
+async fn waits_for_sqlites_write_lock_are_counted(backend: Backend) {
+    let Some(mut stack) = Stack::start_with_metrics(backend).await else {
+        return;
+    };
+    let student_metrics = stack.metrics_addr("student-svc").await;
+    let users_metrics = stack.metrics_addr("users-svc").await;
+    let relay_metrics = stack.metrics_addr("relay-0").await;
+    const WAITS: &str = "sqlite_write_lock_waits_total";
+
+    // On SQLite an IMMEDIATE transaction: it holds the write lock until it ends.
+    let lock = platform::db::begin_write(&stack.student_db)
+        .await
+        .expect("begin");
+    let mut client = stack.student_client();
+    let create = tokio::spawn(async move { client.create_student(student_request(0)).await });
+    if backend == Backend::Sqlite {
+        eventually(
+            "student-svc pausing for the lock",
+            LINK_DEADLINE,
+            || async { (sample(&scrape(student_metrics).await, WAITS, &[]) > 0.0).then_some(()) },
+        )
+        .await;
+        assert!(
+            !create.is_finished(),
+            "CreateStudent waits while the lock is held"
+        );
+    }
+    lock.rollback().await.expect("lock released");
+    create
+        .await
+        .expect("task")
+        .expect("created once the lock is free");
+    stack.wait_until_all_linked(1).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+
+    for (name, addr) in [
+        ("student-svc", student_metrics),
+        ("users-svc", users_metrics),
+        ("relay", relay_metrics),
+    ] {
+        let text = scrape(addr).await;
+        match backend {
+            Backend::Sqlite if name == "student-svc" => {
+                assert!(sample(&text, WAITS, &[]) >= 1.0, "{text}")
+            }
+            Backend::Sqlite => {}
+            Backend::Postgres => assert!(!text.contains(WAITS), "{name}: {text}"),
+        }
+    }
 }
 
 async fn audit_reports_each_disagreement_between_the_databases(backend: Backend) {
