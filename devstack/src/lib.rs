@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn the_listening_line_yields_the_address() {
-        let line = "2026-11-30T14:20:53.907653Z  INFO student_svc: student-svc listening addr=127.0.0.1:50051";
+        let line = "2026-11-30T14:20:53.907653Z  INFO listening: student-svc listening addr=127.0.0.1:50051";
         assert_eq!(
             listening_addr(line),
             Some("127.0.0.1:50051".parse().expect("addr"))

@@ -32,8 +32,9 @@ pub struct Cli {
     /// Also write the results as JSON here.
     #[arg(long, global = true)]
     pub json: Option<PathBuf>,
-    /// Extra environment for every binary, `NAME=VALUE` (e.g. `RELAY_CONCURRENCY=32`);
-    /// `RUST_LOG` stays `info`, the level at which a service says where it listens.
+    /// Extra environment for every binary, `NAME=VALUE` (e.g. `RELAY_CONCURRENCY=32`).
+    /// `RUST_LOG` defaults to `info`; another level keeps the line a service logs once it
+    /// listens (`listening=info` is added), which tells loadgen its port.
     #[arg(long = "env", global = true)]
     pub env: Vec<String>,
     /// Measure a system already running instead of starting one: its student-svc

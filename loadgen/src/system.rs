@@ -9,6 +9,7 @@ use std::{
 use anyhow::Context as _;
 use devstack::{Process, build_binaries, wait_until_serving};
 use nix::sys::signal::Signal;
+use platform::telemetry::LISTENING_TARGET;
 use sea_orm::{ConnectionTrait as _, Database};
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -390,11 +391,23 @@ fn environment(options: &Options) -> Vec<(String, String)> {
         }
     }
     env.extend(options.env.iter().cloned());
-    // Every binary logs at info, as deployed by default, whatever `--env` says: loadgen
-    // learns each service's port from the line it logs at info once it listens
-    // (`devstack::Process::listening_addr`), so a quieter level would leave it waiting.
-    env.push(("RUST_LOG".into(), "info".into()));
+    // Every binary logs at info, as deployed by default, unless `--env RUST_LOG=…` says
+    // otherwise. Whatever it says, the line a service logs once it listens stays on:
+    // loadgen learns each service's port from it (`devstack::Process::listening_addr`).
+    let filter = match effective(&env, "RUST_LOG") {
+        Some(asked) => format!("{asked},{LISTENING_TARGET}=info"),
+        None => "info".to_owned(),
+    };
+    env.push(("RUST_LOG".into(), filter));
     env
+}
+
+/// The value a binary ends up with for `name`: the last entry for it.
+fn effective<'a>(env: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
 }
 
 fn spawn(
@@ -448,32 +461,21 @@ mod tests {
         }
     }
 
-    /// What each binary ends up with: the last entry for a name.
-    fn effective(env: &[(String, String)], name: &str) -> Option<String> {
-        env.iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    }
-
     #[test]
     fn direct_runs_on_two_threads_unless_told_otherwise() {
         let direct = environment(&options("direct", &[]));
-        assert_eq!(
-            effective(&direct, "STUDENT_WORKER_THREADS").as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            effective(&direct, "USERS_WORKER_THREADS").as_deref(),
-            Some("2")
-        );
+        assert_eq!(effective(&direct, "STUDENT_WORKER_THREADS"), Some("2"));
+        assert_eq!(effective(&direct, "USERS_WORKER_THREADS"), Some("2"));
         let told = environment(&options("direct", &[("STUDENT_WORKER_THREADS", "1")]));
-        assert_eq!(
-            effective(&told, "STUDENT_WORKER_THREADS").as_deref(),
-            Some("1")
-        );
+        assert_eq!(effective(&told, "STUDENT_WORKER_THREADS"), Some("1"));
         let outbox = environment(&options("outbox", &[]));
         assert_eq!(effective(&outbox, "STUDENT_WORKER_THREADS"), None);
-        assert_eq!(effective(&outbox, "RUST_LOG").as_deref(), Some("info"));
+        assert_eq!(effective(&outbox, "RUST_LOG"), Some("info"));
+    }
+
+    #[test]
+    fn a_quieter_log_level_keeps_the_line_that_gives_the_port() {
+        let quiet = environment(&options("outbox", &[("RUST_LOG", "warn")]));
+        assert_eq!(effective(&quiet, "RUST_LOG"), Some("warn,listening=info"));
     }
 }

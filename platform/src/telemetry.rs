@@ -25,6 +25,11 @@ use tracing_subscriber::{
 /// The span field that names a trace.
 pub const TRACE_ID_FIELD: &str = "trace_id";
 
+/// The target of the one line each service logs once it listens (`addr=HOST:PORT`). Tools
+/// that start a service on port 0 learn its port from that line (devstack, loadgen), so a
+/// quieter level keeps it: `RUST_LOG=warn,listening=info`.
+pub const LISTENING_TARGET: &str = "listening";
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

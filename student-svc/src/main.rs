@@ -20,6 +20,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, tls = options.tls.is_some(), link_mode = ?config.link_mode, wake_relays = ?config.wake_relays, "student-svc listening");
+    tracing::info!(target: platform::telemetry::LISTENING_TARGET, addr = %listener.local_addr()?, tls = options.tls.is_some(), link_mode = ?config.link_mode, wake_relays = ?config.wake_relays, "student-svc listening");
     student_svc::run(listener, db, options, link, config.wake_relays, shutdown).await
 }

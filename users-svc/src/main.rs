@@ -31,7 +31,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, tls = options.tls.is_some(), tokens = auth_tokens.as_ref().map_or(0, |t| t.count()), "users-svc listening");
+    tracing::info!(target: platform::telemetry::LISTENING_TARGET, addr = %listener.local_addr()?, tls = options.tls.is_some(), tokens = auth_tokens.as_ref().map_or(0, |t| t.count()), "users-svc listening");
     users_svc::run(listener, db, options, auth_tokens, config.inbox(), shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
