@@ -28,6 +28,7 @@ on_both_backends!(
     student_svc_crash_inside_an_open_transaction_stores_nothing,
     student_svc_crash_inside_a_group_commit_stores_none_of_the_group,
     student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key,
+    a_create_whose_deadline_passes_while_it_commits_lands_and_its_key_finds_it,
     rows_committed_while_no_relay_runs_are_delivered_once,
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
     users_crash_before_commit_rolls_back_and_the_retry_creates_once,
@@ -104,6 +105,56 @@ async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) {
         .expect("same key again")
         .into_inner();
     assert_eq!(again.id, first.id);
+    stack.wait_until_all_linked(1).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
+}
+
+/// The server's deadline (`--request-timeout`) passes while the request's write is being
+/// committed: the database is slow (a `sleep` fail point in the writer, just before its
+/// commit). The caller gets `CANCELLED`, but a deadline cannot recall a commit already
+/// under way (the writer's batch may hold other callers' students too): the student lands.
+/// So `CANCELLED` means "not known", and the same key then returns that student, created
+/// and linked once. (A write still queued when its caller gives up is left out:
+/// `platform::group_commit`'s tests.)
+async fn a_create_whose_deadline_passes_while_it_commits_lands_and_its_key_finds_it(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let slow_commit = armed(points::STUDENT_BEFORE_COMMIT, "1*sleep(1500)");
+    stack
+        .restart_student_with(Some(&slow_commit), &["--request-timeout", "500ms"])
+        .await;
+    let request = CreateStudentRequest {
+        idempotency_key: Some("enrol-1".into()),
+        ..student_request(1)
+    };
+    let cancelled = stack
+        .student_client()
+        .create_student(request.clone())
+        .await
+        .expect_err("the server gives up after its timeout");
+    assert_eq!(cancelled.code(), Code::Cancelled, "{cancelled:?}");
+    eventually("the commit under way to land", LINK_DEADLINE, || async {
+        (students_and_outbox_rows(&stack.student_db).await == (1, 1)).then_some(())
+    })
+    .await;
+    let stored = students::Entity::find()
+        .one(&stack.student_db)
+        .await
+        .expect("read")
+        .expect("the student");
+
+    let retried = stack
+        .student_client()
+        .create_student(request)
+        .await
+        .expect("the retry with the same key")
+        .into_inner();
+    assert_eq!(retried.id, stored.id.to_string());
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 1));
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     stack.assert_audit_clean(1);
