@@ -19,7 +19,6 @@ use student_store::{
     entity::outbox::{self as outbox_row, FailureKind},
     outbox::{self, Delivered, Problem, RecordError},
 };
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::Instrument as _;
 use uuid::Uuid;
@@ -91,52 +90,13 @@ impl Relay {
     /// Claims one batch of due rows and delivers them, all at once, then returns: one step,
     /// for tests and tools to drive. [`Relay::run`] is the continuous loop.
     pub async fn deliver_batch(&self) -> anyhow::Result<BatchOutcome> {
-        self.deliver_batch_until(&CancellationToken::new()).await
-    }
-
-    /// How many rows one claim takes: no more than can be sent at once. A row claimed
-    /// beyond the free call slots would wait for one while its lease runs, and could be
-    /// sent after the lease ran out, when another relay may already be sending it.
-    pub fn claim_size(&self) -> u32 {
-        u32::from(self.config.batch_size.min(self.config.concurrency))
-    }
-
-    /// Splits claimed rows into the groups sent together (see `deliver_many.rs`): at most
-    /// --rows-per-call each, and as even as that allows, so that the calls of one claim
-    /// finish about together.
-    pub(crate) fn calls_of(&self, mut rows: Vec<outbox_row::Model>) -> Vec<Vec<outbox_row::Model>> {
-        let per_call = usize::from(self.config.rows_per_call).max(1);
-        let calls = rows.len().div_ceil(per_call);
-        let mut groups = Vec::with_capacity(calls);
-        for left in (1..=calls).rev() {
-            let take = rows.len().div_ceil(left);
-            let rest = rows.split_off(take);
-            groups.push(std::mem::replace(&mut rows, rest));
-        }
-        groups
-    }
-
-    /// Like [`Relay::deliver_batch`]; once `shutdown` is cancelled, rows not yet sent are
-    /// released instead, while calls already in flight finish (each within its deadline).
-    pub async fn deliver_batch_until(
-        &self,
-        shutdown: &CancellationToken,
-    ) -> anyhow::Result<BatchOutcome> {
         let (rows, lease_ends) = self.claim(self.claim_size()).await?;
         let mut outcome = BatchOutcome {
             claimed: rows.len(),
             ..BatchOutcome::default()
         };
         let results: Vec<_> = futures::stream::iter(self.calls_of(rows))
-            .map(|rows| async move {
-                if shutdown.is_cancelled() {
-                    return rows
-                        .into_iter()
-                        .map(|row| Ok((Delivery::Unsent, row.id)))
-                        .collect();
-                }
-                self.send_rows_within_lease(rows, lease_ends).await
-            })
+            .map(|rows| self.send_rows_within_lease(rows, lease_ends))
             .buffer_unordered(usize::from(self.config.concurrency))
             .flat_map(futures::stream::iter)
             .collect()
@@ -166,6 +126,28 @@ impl Relay {
             Some(err) => Err(err),
             None => Ok(outcome),
         }
+    }
+
+    /// How many rows one claim takes: no more than can be sent at once. A row claimed
+    /// beyond the free call slots would wait for one while its lease runs, and could be
+    /// sent after the lease ran out, when another relay may already be sending it.
+    pub fn claim_size(&self) -> u32 {
+        u32::from(self.config.batch_size.min(self.config.concurrency))
+    }
+
+    /// Splits claimed rows into the groups sent together (see `deliver_many.rs`): at most
+    /// --rows-per-call each, and as even as that allows, so that the calls of one claim
+    /// finish about together.
+    pub(crate) fn calls_of(&self, mut rows: Vec<outbox_row::Model>) -> Vec<Vec<outbox_row::Model>> {
+        let per_call = usize::from(self.config.rows_per_call).max(1);
+        let calls = rows.len().div_ceil(per_call);
+        let mut groups = Vec::with_capacity(calls);
+        for left in (1..=calls).rev() {
+            let take = rows.len().div_ceil(left);
+            let rest = rows.split_off(take);
+            groups.push(std::mem::replace(&mut rows, rest));
+        }
+        groups
     }
 
     /// Claims up to `limit` due rows; returns them with the moment their lease ends as this

@@ -20,7 +20,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    Relay, backoff::exponential_ceiling, deliver::Delivery, finalize::Finalizer, wakeup::Wakeup,
+    Relay, backoff::exponential_ceiling, deliver::Delivery, finalize::Finalizer, metrics::Outcome,
+    wakeup::Wakeup,
 };
 
 /// The deliveries a relay has in flight: each call (one row, or the rows of one
@@ -61,8 +62,9 @@ impl InFlight {
 }
 
 impl Relay {
-    /// Delivers rows until `shutdown` is cancelled, then lets the calls in flight finish
-    /// (each within its deadline) and records them. Errors of the database make the loop
+    /// Delivers rows until `shutdown` is cancelled (the rows of a claim it interrupts go
+    /// back unsent), then lets the calls in flight finish (each within its deadline) and
+    /// records them. Errors of the database make the loop
     /// back off, growing, so they never spin.
     pub async fn run(&self, wakeup: Wakeup, shutdown: CancellationToken) {
         // Deliveries record their rows through one group-committing finalizer; each waits
@@ -96,6 +98,16 @@ impl Relay {
                 match self.claim(u32::try_from(limit).unwrap_or(u32::MAX)).await {
                     Ok((rows, lease_ends)) => {
                         consecutive_errors = 0;
+                        // Stopped while the claim ran: send none of its rows. They go back
+                        // at once, for another relay to take now rather than after a call.
+                        if shutdown.is_cancelled() {
+                            for row in &rows {
+                                crate::metrics::delivery(&row.effect_type, Outcome::Released);
+                            }
+                            self.release_unsent(rows.iter().map(|row| row.id).collect())
+                                .await;
+                            break;
+                        }
                         // A full claim: more rows are probably due.
                         due = rows.len() == limit;
                         for call in self.calls_of(rows) {
@@ -172,11 +184,19 @@ impl Relay {
                 }
             }
         }
+        self.release_unsent(unsent).await;
+    }
+
+    /// Hands rows this relay claimed but did not send back to `pending`, attempt unused.
+    async fn release_unsent(&self, unsent: Vec<i64>) {
         if unsent.is_empty() {
             return;
         }
-        if let Err(err) = student_store::outbox::release(&self.db, &unsent, &self.id).await {
-            tracing::warn!(rows = ?unsent, error = %err, "cannot release unsent rows; their leases will run out");
+        match student_store::outbox::release(&self.db, &unsent, &self.id).await {
+            Ok(released) => tracing::info!(released, "released unsent rows for other relays"),
+            Err(err) => {
+                tracing::warn!(rows = ?unsent, error = %err, "cannot release unsent rows; their leases will run out");
+            }
         }
     }
 }

@@ -30,6 +30,7 @@ on_both_backends!(
     users_svc_killed_and_restarted_delays_but_loses_nothing,
     sigterm_stops_every_binary_cleanly,
     sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
+    sigterm_during_a_claim_hands_its_rows_back_unsent,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
     two_replicas_migrating_one_empty_database_at_once_both_serve,
     direct_mode_loses_the_student_where_the_outbox_does_not,
@@ -360,6 +361,40 @@ async fn sigterm_lets_a_relay_finish_the_calls_it_has_in_flight(backend: Backend
         "every call in flight was finished and recorded, nothing left leased: {rows:?}"
     );
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 6).await;
+}
+
+/// SIGTERM while a relay's claim is under way (a `sleep` fail point just after it): the
+/// relay sends none of the rows it claimed, hands them back with their attempt unused, and
+/// exits 0. Another relay links them at once, not after the stopped relay's 5-minute lease.
+async fn sigterm_during_a_claim_hands_its_rows_back_unsent(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack.create_students(0..3).await;
+    let slow_claim = format!("{}=1*sleep(2000)", points::RELAY_AFTER_CLAIM);
+    stack.start_relay(Some(&slow_claim), &["--lease", "300s"]);
+    stack
+        .wait_for_relay_log_lines("fail point: sleeping", 1)
+        .await;
+    stack.stop_relays(Duration::from_secs(15));
+    let rows = stack.outbox_rows().await;
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        assert_eq!(
+            (row.status, row.attempts, row.locked_by.as_deref()),
+            (OutboxStatus::Pending, 0, None),
+            "handed back as if never claimed: {row:?}"
+        );
+    }
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (0, 0),
+        "nothing was sent"
+    );
+    stack.start_relay(None, &[]);
+    stack.wait_until_all_linked(3).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
 }
 
 async fn a_request_past_the_server_timeout_is_cancelled_and_stores_nothing(backend: Backend) {

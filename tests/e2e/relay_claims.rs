@@ -2,7 +2,7 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use relay::{BatchOutcome, RunConfig, retry_failed, wakeup::Wakeup};
+use relay::{RunConfig, retry_failed, wakeup::Wakeup};
 use sea_orm::{
     ColumnTrait as _, ConnectionTrait as _, DbBackend, EntityTrait, QueryFilter as _, Statement,
     TransactionTrait as _, sea_query::Expr,
@@ -33,7 +33,6 @@ on_both_backends!(
     an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothing,
     a_late_finalize_changes_nothing_once_its_claim_is_gone,
     a_group_commit_records_each_row_as_it_would_alone,
-    shutdown_releases_claimed_rows_that_were_not_sent,
     a_claim_takes_no_more_rows_than_free_call_slots,
     after_a_claim_its_connection_commits_durably_again,
     a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing,
@@ -191,41 +190,6 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
     assert_eq!(
         (row.status, row.locked_by.as_deref(), row.last_error),
         (OutboxStatus::Processing, Some("relay-b"), None)
-    );
-}
-
-async fn shutdown_releases_claimed_rows_that_were_not_sent(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else {
-        return;
-    };
-    create_students(&app, 0..3).await;
-    let stopping = CancellationToken::new();
-    stopping.cancel();
-    let outcome = app
-        .relay()
-        .deliver_batch_until(&stopping)
-        .await
-        .expect("batch");
-    assert_eq!(
-        outcome,
-        BatchOutcome {
-            claimed: 3,
-            released: 3,
-            ..BatchOutcome::default()
-        }
-    );
-    for row in rows(&app).await {
-        assert_eq!(
-            (row.status, row.attempts, row.locked_by),
-            (OutboxStatus::Pending, 0, None),
-            "released as if never claimed"
-        );
-    }
-    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
-    // Another relay takes them at once.
-    assert_eq!(
-        app.relay().deliver_batch().await.expect("batch").delivered,
-        3
     );
 }
 
