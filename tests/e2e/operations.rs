@@ -8,7 +8,9 @@
 use std::collections::BTreeSet;
 
 use proto::{student::v1::CreateStudentRequest, users::v1::CreateUserRequest};
-use sea_orm::{ColumnTrait as _, EntityTrait as _, QueryFilter as _, sea_query::Expr};
+use sea_orm::{
+    ColumnTrait as _, EntityTrait as _, QueryFilter as _, QueryOrder as _, sea_query::Expr,
+};
 use student_store::entity::{
     outbox::{FailureKind, OutboxStatus},
     students,
@@ -405,7 +407,6 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         rows.iter()
             .find(|row| row.aggregate_id == ids[n])
             .expect("a row per student")
-            .id
     };
     let audit = stack.relay_command(&["audit"]);
     let stdout = String::from_utf8_lossy(&audit.stdout);
@@ -420,13 +421,13 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         format!(
             "student {}: outbox row {} (create-user) is done with user {}, but the student is not linked",
             ids[0],
-            row_of(0),
+            row_of(0).id,
             link(0)
         ),
         format!(
             "student {}: outbox row {} (create-user) is done with user {}, but the student is linked to {}",
             ids[1],
-            row_of(1),
+            row_of(1).id,
             link(1),
             link(2)
         ),
@@ -451,6 +452,44 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     lines.sort();
     expected.sort();
     assert_eq!(lines, expected);
+
+    // `relay replay` sees the wrong link too: Users answers student 1's key with the user
+    // it created for student 1, not the one the student is now linked to. It asks and
+    // reports; it writes nothing to the Student DB.
+    let student_db = || async {
+        let students = students::Entity::find()
+            .order_by_asc(students::Column::Id)
+            .all(&stack.student_db)
+            .await
+            .expect("students");
+        (students, stack.outbox_rows().await)
+    };
+    let before = student_db().await;
+    let replay = stack.relay_command(&["replay", "--student", &ids[1].to_string()]);
+    let stdout = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(replay.status.code(), Some(1), "{stdout}");
+    assert_eq!(
+        stdout,
+        format!(
+            "key={} effect=create-user student={} user={} from_inbox=true matches_link=false\n\
+             replayed=1 matched=0 mismatched=1 errors=0\n",
+            row_of(1).idempotency_key,
+            ids[1],
+            link(1)
+        )
+    );
+    let all = stack.relay_command(&["replay", "--all"]);
+    let stdout = String::from_utf8_lossy(&all.stdout);
+    assert_eq!(all.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.ends_with("replayed=4 matched=2 mismatched=2 errors=0\n"),
+        "{stdout}"
+    );
+    assert_eq!(
+        student_db().await,
+        before,
+        "a replay writes nothing to the Student DB"
+    );
 
     // Users not answering is an error, not a verdict.
     stack.kill_users();

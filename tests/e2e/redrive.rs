@@ -47,6 +47,24 @@ async fn exhaust_a_row_users_executed(stack: &mut Stack) -> outbox::Model {
         (failed.attempts, failed.failure_kind),
         (3, Some(FailureKind::Exhausted))
     );
+    // What the client sees: a fixed sentence, never the transport error kept for operators.
+    let student = stack
+        .student_client()
+        .get_student(GetStudentRequest {
+            id: failed.aggregate_id.to_string(),
+        })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(
+        (student.user_link_status(), student.link_error.as_str()),
+        (
+            UserLinkStatus::Failed,
+            "USERS_UNREACHABLE: the login user could not be created; an operator can redrive it"
+        )
+    );
+    let transport_error = failed.last_error.clone().expect("the relay recorded why");
+    assert!(!student.link_error.contains(&transport_error));
     stack.restart_users(None).await;
     failed
 }
