@@ -4,7 +4,7 @@
 //! document number) nor create a second user (if that user was disabled meanwhile).
 
 use platform::failpoint::points;
-use proto::student::v1::{GetStudentRequest, UserLinkStatus};
+use proto::student::v1::{GetStudentRequest, Student, UserLinkStatus};
 use sea_orm::{EntityTrait, sea_query::Expr};
 use student_store::entity::outbox::{self, FailureKind, OutboxStatus};
 use users_svc::entity::users;
@@ -48,14 +48,7 @@ async fn exhaust_a_row_users_executed(stack: &mut Stack) -> outbox::Model {
         (3, Some(FailureKind::Exhausted))
     );
     // What the client sees: a fixed sentence, never the transport error kept for operators.
-    let student = stack
-        .student_client()
-        .get_student(GetStudentRequest {
-            id: failed.aggregate_id.to_string(),
-        })
-        .await
-        .expect("found")
-        .into_inner();
+    let student = student_of(stack, &failed).await;
     assert_eq!(
         (student.user_link_status(), student.link_error.as_str()),
         (
@@ -67,6 +60,18 @@ async fn exhaust_a_row_users_executed(stack: &mut Stack) -> outbox::Model {
     assert!(!student.link_error.contains(&transport_error));
     stack.restart_users(None).await;
     failed
+}
+
+/// The student of `row`, as a client reads it.
+async fn student_of(stack: &Stack, row: &outbox::Model) -> Student {
+    stack
+        .student_client()
+        .get_student(GetStudentRequest {
+            id: row.aggregate_id.to_string(),
+        })
+        .await
+        .expect("found")
+        .into_inner()
 }
 
 /// `retry-failed --all --new-key` links the user the old key created and re-keys nothing.
@@ -99,14 +104,7 @@ async fn redrive_links_the_existing_user(
         (OutboxStatus::Done, failed.idempotency_key.as_str(), None),
         "done under its own key"
     );
-    let student = stack
-        .student_client()
-        .get_student(GetStudentRequest {
-            id: failed.aggregate_id.to_string(),
-        })
-        .await
-        .expect("found")
-        .into_inner();
+    let student = student_of(stack, failed).await;
     assert_eq!(
         (student.user_link_status(), student.user_id),
         (UserLinkStatus::Linked, user.id.to_string())
