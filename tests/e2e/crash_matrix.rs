@@ -679,7 +679,7 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
 
 /// A linked student, then (no relay running) an update and a deactivation: two rows waiting,
 /// in order.
-async fn a_student_with_two_changes_waiting(stack: &mut Stack) -> String {
+pub(crate) async fn a_student_with_two_changes_waiting(stack: &mut Stack) -> String {
     let id = stack.create_students(0..1).await.remove(0);
     stack.wait_until_all_linked(1).await;
     stack.kill_relays();
@@ -689,7 +689,7 @@ async fn a_student_with_two_changes_waiting(stack: &mut Stack) -> String {
 }
 
 /// Every change reached Users once, in order, and `relay replay` agrees for each effect.
-async fn assert_changes_applied_once(stack: &mut Stack, id: &str) {
+pub(crate) async fn assert_changes_applied_once(stack: &mut Stack, id: &str) {
     stack.wait_until_all_synced(1).await;
     stack.stop_relays(std::time::Duration::from_secs(15));
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;

@@ -1,15 +1,18 @@
-//! `relay retry-failed` after the worst luck: Users committed a user, its answer was lost,
-//! and Users stayed unreachable until the row ran out of attempts. Giving the row a new key
-//! then must not strand the student (a new key is rejected: its own user holds the
-//! document number) nor create a second user (if that user was disabled meanwhile).
+//! `relay retry-failed` after the worst luck: Users committed a user (or applied a change),
+//! its answer was lost, and Users stayed unreachable until the row ran out of attempts.
+//! Giving the row a new key then must not strand the student (a new key is rejected: its
+//! own user holds the document number), create a second user (if that user was disabled
+//! meanwhile) or apply a change twice; the student's later changes then follow in order.
 
 use platform::failpoint::points;
 use proto::student::v1::{GetStudentRequest, Student, UserLinkStatus};
 use sea_orm::{EntityTrait, sea_query::Expr};
 use student_store::entity::outbox::{self, FailureKind, OutboxStatus};
 use users_svc::entity::users;
+use uuid::Uuid;
 
 use crate::{
+    crash_matrix::{a_student_with_two_changes_waiting, assert_changes_applied_once},
     on_both_backends,
     support::{
         Backend, eventually,
@@ -21,6 +24,8 @@ use crate::{
 on_both_backends!(
     an_exhausted_row_whose_user_was_created_is_linked_instead_of_rekeyed,
     an_exhausted_row_whose_user_was_disabled_meanwhile_gets_no_second_user,
+    an_exhausted_update_users_applied_is_recorded_as_synced_and_the_next_change_follows,
+    an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_change_follows,
 );
 
 /// Leaves one student whose row failed `exhausted` although Users created its user.
@@ -159,4 +164,90 @@ async fn an_exhausted_row_whose_user_was_disabled_meanwhile_gets_no_second_user(
         !user.enabled,
         "linked as it is: disabling it was Users' decision"
     );
+}
+
+/// The same luck for a change: Users applied a student's update, its answer was lost, and
+/// Users stayed down until the row ran out of attempts. The student's deactivation, queued
+/// behind the update, waits (`blocked`): changes reach Users in order.
+async fn exhaust_an_update_users_applied(stack: &mut Stack) -> (String, outbox::Model, Uuid) {
+    let id = a_student_with_two_changes_waiting(stack).await;
+    stack
+        .restart_users(Some(&format!("{}=1*abort", points::USERS_AFTER_COMMIT)))
+        .await;
+    stack.start_relay_for_a_users_crash(&["--max-attempts", "3"]);
+    stack.wait_for_users_abort();
+    let failed =
+        eventually(
+            "the update to run out of attempts",
+            LINK_DEADLINE,
+            || async {
+                stack.outbox_rows().await.into_iter().find(|row| {
+                    row.effect_type == "update-user" && row.status == OutboxStatus::Failed
+                })
+            },
+        )
+        .await;
+    assert_eq!(
+        (failed.attempts, failed.failure_kind),
+        (3, Some(FailureKind::Exhausted))
+    );
+    let status = stack.relay_command(&["status"]);
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        stdout.contains("\nfailed 1\n") && stdout.ends_with("\nblocked 1\n"),
+        "{stdout}"
+    );
+    stack.restart_users(None).await;
+    let user = users::Entity::find()
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the user");
+    assert_eq!(user.source_version, 2, "Users applied the update");
+    (id, failed, user.id)
+}
+
+/// `retry-failed --all --new-key` asks Users about the old key first: it was executed, so
+/// the row is recorded as synced, not re-keyed (a new key would apply the update twice).
+async fn an_exhausted_update_users_applied_is_recorded_as_synced_and_the_next_change_follows(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let (id, failed, user_id) = exhaust_an_update_users_applied(&mut stack).await;
+    let output = stack.relay_command(&["retry-failed", "--all", "--new-key"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert_eq!(
+        stdout,
+        format!(
+            "id={} key={} synced user={user_id}: Users had executed this key; not re-keyed\n\
+             requeued=0 linked=1 skipped=0 errors=0\n",
+            failed.id, failed.idempotency_key
+        )
+    );
+    assert_changes_applied_once(&mut stack, &id).await;
+}
+
+/// Without `--new-key` the row goes back `pending` under its own key: the relay sends it
+/// again and Users answers from its inbox, applying nothing twice.
+async fn an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_change_follows(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let (id, failed, _) = exhaust_an_update_users_applied(&mut stack).await;
+    let output = stack.relay_command(&["retry-failed", "--all"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert_eq!(
+        stdout,
+        format!(
+            "id={} key={} requeued\nrequeued=1 linked=0 skipped=0 errors=0\n",
+            failed.id, failed.idempotency_key
+        )
+    );
+    assert_changes_applied_once(&mut stack, &id).await;
 }
