@@ -35,6 +35,7 @@ use crate::{
 on_both_backends!(
     metrics_of_each_process_move_as_work_is_done,
     waits_for_sqlites_write_lock_are_counted,
+    what_the_alerts_watch_moves_when_deliveries_go_wrong,
     audit_reports_each_disagreement_between_the_databases,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     one_trace_id_follows_a_student_through_the_three_processes,
@@ -308,6 +309,106 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
             &users,
             "grpc_server_handled_total",
             &create_user("RESOURCE_EXHAUSTED")
+        ),
+        1.0,
+        "{users}"
+    );
+}
+
+/// The metrics the alert rules fire on (`ops/alerts.yml`), made to move the way an incident
+/// moves them: Users down (`OutboxLagging`: the oldest pending row ages, deliveries are
+/// retried), a rejected row with a change behind it (`OutboxRowsFailed`,
+/// `OutboxRowsBlocked`, a `failed` delivery), and a client reusing a key
+/// (`InboxKeyReused`).
+async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) {
+    let Some(mut stack) = Stack::start_with_metrics(backend).await else {
+        return;
+    };
+    let relay_metrics = stack.metrics_addr("relay-0").await;
+    let relay_gauge = |name: &'static str, labels: &'static [(&'static str, &'static str)]| async move {
+        sample(&scrape(relay_metrics).await, name, labels)
+    };
+    // Someone already has student 0's document number in Users.
+    stack
+        .users_client()
+        .create_user(conflicting_user_request(0))
+        .await
+        .expect("the other user");
+
+    // Users down: student 1's row waits and ages, its deliveries are retried.
+    stack.kill_users();
+    stack.create_students(1..2).await;
+    eventually("the oldest pending row to age", LINK_DEADLINE, || async {
+        let age = relay_gauge("outbox_oldest_pending_age_seconds", &[]).await;
+        (age >= 1.0).then_some(())
+    })
+    .await;
+    let retried = &[("effect", "create-user"), ("outcome", "retried")];
+    assert!(relay_gauge("relay_deliveries_total", retried).await >= 1.0);
+    let status = stack.relay_command(&["status"]);
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    let age: u64 = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("oldest_pending_age_seconds "))
+        .and_then(|age| age.parse().ok())
+        .unwrap_or_else(|| panic!("no age in {stdout}"));
+    assert!(age >= 1, "{stdout}");
+
+    // Users back: the row is linked and the age falls back to 0.
+    stack
+        .restart_users_with(None, &["--metrics-addr", "127.0.0.1:0"])
+        .await;
+    let users_metrics = stack.metrics_addr("users-svc").await;
+    stack.wait_until_all_linked(1).await;
+    eventually("the age to fall back to 0", LINK_DEADLINE, || async {
+        (relay_gauge("outbox_oldest_pending_age_seconds", &[]).await == 0.0).then_some(())
+    })
+    .await;
+
+    // Student 0 is refused its user for good, and its rename waits behind that.
+    let refused = stack.create_students(0..1).await.remove(0);
+    eventually("student 0's row to fail", LINK_DEADLINE, || async {
+        let failed = &[("effect", "create-user"), ("outcome", "failed")];
+        (relay_gauge("relay_deliveries_total", failed).await == 1.0).then_some(())
+    })
+    .await;
+    stack.rename_student(&refused, "Renamed").await;
+    eventually(
+        "the gauges to show it failed and blocked",
+        LINK_DEADLINE,
+        || async {
+            let failed = relay_gauge("outbox_rows", &[("status", "failed")]).await;
+            let blocked = relay_gauge("outbox_rows", &[("status", "blocked")]).await;
+            (failed == 1.0 && blocked == 1.0).then_some(())
+        },
+    )
+    .await;
+
+    // A client sends a key again with other fields.
+    let reused = stack
+        .users_client()
+        .create_user(CreateUserRequest {
+            email: "someone.new@example.edu".into(),
+            ..conflicting_user_request(0)
+        })
+        .await
+        .expect_err("the key was used for another request");
+    assert_eq!(reused.code(), Code::FailedPrecondition);
+    let users = scrape(users_metrics).await;
+    assert_eq!(
+        sample(
+            &users,
+            "inbox_requests_total",
+            &[("rpc", "CreateUser"), ("result", "key_reused")]
+        ),
+        1.0,
+        "{users}"
+    );
+    assert_eq!(
+        sample(
+            &users,
+            "users_rejected_total",
+            &[("reason", "IDEMPOTENCY_KEY_REUSED")]
         ),
         1.0,
         "{users}"
