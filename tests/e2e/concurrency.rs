@@ -23,6 +23,7 @@ on_both_backends!(
     several_relays_deliver_each_effect_exactly_once,
     soak_with_random_kills_loses_and_duplicates_nothing,
     student_lives_reach_users_once_and_in_order_under_random_kills,
+    relay_audit_while_two_relays_deliver_finds_nothing_wrong,
 );
 
 /// Short leases and small batches, so relays interleave and leases expire under load.
@@ -234,4 +235,50 @@ async fn student_lives_reach_users_once_and_in_order_under_random_kills(backend:
 /// A random number of milliseconds in `[low, high)`.
 fn fastrand_ms(low: u64, high: u64) -> u64 {
     low + (uuid::Uuid::new_v4().as_u128() % u128::from(high - low)) as u64
+}
+
+/// `relay audit` reads only and is safe while relays run (README): a row is marked `done`
+/// in the transaction that links its student, and the audit reads the rows before the
+/// links, so a delivery finishing mid-audit is never a problem. Two relays drain a backlog
+/// of 300 through a slowed Users while audits run back to back: each must check every
+/// student and report nothing, and at least two must have run mid-drain.
+async fn relay_audit_while_two_relays_deliver_finds_nothing_wrong(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    const STUDENTS: usize = 300;
+    stack.kill_relays();
+    stack.create_students(0..STUDENTS).await;
+    stack
+        .restart_users(Some(&format!("{}=sleep(30)", points::USERS_ON_REQUEST)))
+        .await;
+    for _ in 0..2 {
+        stack.start_relay(None, &["--concurrency", "4", "--rows-per-call", "1"]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut audits_mid_drain = 0;
+    loop {
+        let linked_before = stack.linked_students().await;
+        let audit = stack.relay_command(&["audit"]);
+        let stdout = String::from_utf8_lossy(&audit.stdout);
+        assert_eq!(
+            (audit.status.code(), stdout.as_ref()),
+            (Some(0), format!("checked={STUDENTS} problems=0\n").as_str()),
+            "an audit with {linked_before} of {STUDENTS} linked; stderr: {}",
+            String::from_utf8_lossy(&audit.stderr)
+        );
+        let linked_after = stack.linked_students().await;
+        if linked_after == STUDENTS as u64 {
+            break;
+        }
+        if linked_after > linked_before {
+            audits_mid_drain += 1;
+        }
+        assert!(Instant::now() < deadline, "the drain did not finish");
+    }
+    assert!(
+        audits_mid_drain >= 2,
+        "only {audits_mid_drain} audits ran while rows were being linked"
+    );
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, STUDENTS).await;
 }
