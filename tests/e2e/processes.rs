@@ -31,6 +31,8 @@ on_both_backends!(
     sigterm_stops_every_binary_cleanly,
     sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
     sigterm_during_a_claim_hands_its_rows_back_unsent,
+    one_shot_commands_on_a_database_with_no_schema_say_which_service_to_start,
+    inbox_purge_deletes_keys_past_the_retention_now_and_keeps_the_users,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
     two_replicas_migrating_one_empty_database_at_once_both_serve,
     direct_mode_loses_the_student_where_the_outbox_does_not,
@@ -496,6 +498,104 @@ async fn two_replicas_migrating_one_empty_database_at_once_both_serve(backend: B
             .collect();
         assert_eq!(versions, applied, "{binary}: each migration applied once");
     }
+}
+
+/// The one-shot commands never migrate (README): on a database no service has started on
+/// yet, each fails (users-svc's with 1, the relay's with 2, as each documents its errors)
+/// naming the service to start first, and leaves no table behind.
+async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_start(
+    backend: Backend,
+) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let users_svc = |args: &[&str]| {
+        std::process::Command::new(binaries().join("users-svc"))
+            .env_clear()
+            .args(args)
+            .env("USERS_DATABASE_URL", &dbs.users_url)
+            .output()
+            .expect("run users-svc")
+    };
+    let relay = |args: &[&str]| {
+        std::process::Command::new(binaries().join("relay"))
+            .env_clear()
+            .args(args)
+            .env("STUDENT_DATABASE_URL", &dbs.student_url)
+            .output()
+            .expect("run relay")
+    };
+    for (output, code, service) in [
+        (users_svc(&["inbox", "show", "--key", "k"]), 1, "users-svc"),
+        (users_svc(&["inbox", "purge"]), 1, "users-svc"),
+        (relay(&["status"]), 2, "student-svc"),
+        (relay(&["purge"]), 2, "student-svc"),
+        (
+            relay(&["show", "--student", &uuid::Uuid::nil().to_string()]),
+            2,
+            "student-svc",
+        ),
+    ] {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{stderr}");
+        assert!(
+            stderr.contains(&format!("has no schema yet: start {service} first")),
+            "{stderr}"
+        );
+    }
+    for url in [&dbs.student_url, &dbs.users_url] {
+        let db = platform::db::connect(url).await.expect("connect");
+        let tables = match backend {
+            Backend::Sqlite => "SELECT count(*) AS n FROM sqlite_master WHERE type = 'table'",
+            Backend::Postgres => {
+                "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'public'"
+            }
+        };
+        let n: i64 = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                tables,
+            ))
+            .await
+            .expect("count tables")
+            .expect("a row")
+            .try_get("", "n")
+            .expect("n");
+        assert_eq!(n, 0, "{url}: nothing was migrated");
+    }
+}
+
+/// `users-svc inbox purge` deletes, now, the inbox keys older than `--inbox-retention`,
+/// prints `purged=N`, and keeps the users and the younger keys.
+async fn inbox_purge_deletes_keys_past_the_retention_now_and_keeps_the_users(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.create_students(0..2).await;
+    stack.wait_until_all_linked(2).await;
+    let purge = |retention: &str| {
+        let output = stack.users_command(&["--inbox-retention", retention, "inbox", "purge"]);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert_eq!(output.status.code(), Some(0), "{stdout}");
+        stdout
+            .strip_prefix("purged=")
+            .and_then(|n| n.strip_suffix('\n'))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("not a purge count: {stdout:?}"))
+    };
+    assert_eq!(purge("1h"), 0, "both keys are younger than an hour");
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await, (2, 2));
+    // Once both keys are over a second old, a purge with a one-second retention takes them.
+    let mut purged = 0;
+    eventually("both keys purged", LINK_DEADLINE, || {
+        purged += purge("1s");
+        let done = purged >= 2;
+        async move { done.then_some(()) }
+    })
+    .await;
+    assert_eq!(purged, 2);
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await, (2, 0));
+    assert_eq!(purge("1s"), 0);
 }
 
 fn student_migrations() -> Vec<String> {
