@@ -5,6 +5,7 @@ mod support;
 
 mod api_contract;
 mod concurrency;
+mod configuration;
 mod crash_matrix;
 mod create_users;
 mod hostile_input;
