@@ -922,8 +922,13 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
             "2",
             "--lease",
             "15s",
+            "--metrics-addr",
+            "127.0.0.1:0",
         ],
     );
+    let relay_metrics = stack.metrics_addr("relay-1").await;
+    let in_flight_limit =
+        || async move { sample(&scrape(relay_metrics).await, "relay_in_flight_limit", &[]) };
     stack.wait_until_all_linked(30).await;
     assert_linked_at_first_attempt(&stack.outbox_rows().await);
     let log = stack.relay_log();
@@ -933,8 +938,25 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
     );
     // The lease covered every wait: no row went back to the table.
     assert!(!log.contains(GIVEN_BACK), "{log}");
-    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 30).await;
-    stack.assert_audit_clean(30);
+    let lowered = in_flight_limit().await;
+    assert!(lowered < 64.0, "the relay sends fewer: {lowered}");
+
+    // Users' limit lifted: as calls are answered, the relay sends more again.
+    stack.restart_users(None).await;
+    let mut created = 30;
+    eventually("the relay's limit to grow back", LINK_DEADLINE, || {
+        let more = created..created + 20;
+        created += 20;
+        let stack = &stack;
+        async move {
+            stack.create_students(more).await;
+            (in_flight_limit().await > lowered).then_some(())
+        }
+    })
+    .await;
+    stack.wait_until_all_linked(created as u64).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, created).await;
+    stack.assert_audit_clean(created);
 }
 
 /// What the relay logs when a shed call's row goes back to the table with its attempt.
