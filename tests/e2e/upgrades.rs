@@ -2,7 +2,7 @@
 //! version: what those rows become.
 
 use sea_orm::{
-    ConnectionTrait, EntityTrait, TransactionTrait,
+    ConnectionTrait, DatabaseConnection, EntityTrait, TransactionTrait,
     sea_query::{Alias, Query},
 };
 use sea_orm_migration::MigratorTrait;
@@ -14,7 +14,10 @@ use crate::{
     support::{Backend, TestDatabases},
 };
 
-on_both_backends!(rows_written_before_the_lifecycle_migrations_keep_their_meaning);
+on_both_backends!(
+    rows_written_before_the_lifecycle_migrations_keep_their_meaning,
+    an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved,
+);
 
 /// The Student DB's migrations up to (and including) the fifth, the schema before
 /// `error_code` and student versions existed.
@@ -142,6 +145,119 @@ async fn rows_written_before_the_lifecycle_migrations_keep_their_meaning(backend
         ),
         (1, Some("UNAVAILABLE"), Some("connection refused")),
         "the old REASON: message text is split, once"
+    );
+    db.close().await.ok();
+}
+
+/// The Student DB's migrations before document numbers became unique ignoring case.
+const BEFORE_CASE_INSENSITIVE: u32 = 3;
+
+/// Writes a student with `document_number` as the old schema allows.
+async fn old_student(
+    db: &impl ConnectionTrait,
+    document_number: &str,
+) -> Result<(), sea_orm::DbErr> {
+    let id = Uuid::now_v7();
+    let at = platform::db::now();
+    let insert = Query::insert()
+        .into_table(Alias::new("students"))
+        .columns(
+            [
+                "id",
+                "first_name",
+                "last_name",
+                "email",
+                "document_number",
+                "request_hash",
+                "created_at",
+                "updated_at",
+            ]
+            .map(Alias::new),
+        )
+        .values_panic([
+            id.into(),
+            "Ana".into(),
+            "Pérez".into(),
+            "ana@example.edu".into(),
+            document_number.into(),
+            "hash".into(),
+            at.into(),
+            at.into(),
+        ])
+        .to_owned();
+    db.execute(&insert).await.map(|_| ())
+}
+
+async fn applied_migrations(db: &DatabaseConnection) -> usize {
+    migrations::student::Migrator::get_applied_migrations(db)
+        .await
+        .expect("read the applied migrations")
+        .len()
+}
+
+/// README: the case-insensitive migration fails while two document numbers differ only in
+/// case. The upgrade (every pending migration in one transaction, as a service applies
+/// them) then changes nothing: the schema stays where it was, the old index too. Once the
+/// operator resolves the pair, the same upgrade applies and the new rule holds.
+async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("connect");
+    let txn = db.begin().await.expect("begin");
+    migrations::student::Migrator::up(&txn, Some(BEFORE_CASE_INSENSITIVE))
+        .await
+        .expect("the older schema");
+    txn.commit().await.expect("commit");
+    old_student(&db, "ab-1001").await.expect("a student");
+    old_student(&db, "AB-1001")
+        .await
+        .expect("allowed by the old schema");
+
+    let refused =
+        migrations::apply::<migrations::student::Migrator>(&db, migrations::STUDENT_LOCK_ID)
+            .await
+            .expect_err("two numbers that differ only in case");
+    // Both databases name the index they could not build.
+    assert!(
+        refused.to_string().contains("students_document_number_key"),
+        "{refused}"
+    );
+    assert_eq!(
+        applied_migrations(&db).await,
+        BEFORE_CASE_INSENSITIVE as usize
+    );
+    assert!(
+        old_student(&db, "ab-1001").await.is_err(),
+        "the old index is still there"
+    );
+    old_student(&db, "cd-2002").await.expect("a student");
+    old_student(&db, "CD-2002")
+        .await
+        .expect("still the old rule");
+
+    // Resolved: one of each pair was a typo.
+    db.execute_unprepared(
+        "UPDATE students SET document_number = 'AB-1002' WHERE document_number = 'AB-1001'",
+    )
+    .await
+    .expect("resolve");
+    db.execute_unprepared("DELETE FROM students WHERE document_number = 'CD-2002'")
+        .await
+        .expect("resolve");
+    migrations::apply::<migrations::student::Migrator>(&db, migrations::STUDENT_LOCK_ID)
+        .await
+        .expect("the upgrade, once the rows allow it");
+    assert_eq!(
+        applied_migrations(&db).await,
+        migrations::student::Migrator::migrations().len()
+    );
+    old_student(&db, "EF-3003").await.expect("a student");
+    assert!(
+        old_student(&db, "ef-3003").await.is_err(),
+        "unique ignoring case"
     );
     db.close().await.ok();
 }
