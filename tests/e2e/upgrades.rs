@@ -9,9 +9,11 @@ use sea_orm_migration::MigratorTrait;
 use student_store::entity::{outbox, students};
 use uuid::Uuid;
 
+use std::time::Duration;
+
 use crate::{
     on_both_backends,
-    support::{Backend, TestDatabases},
+    support::{Backend, TestDatabases, stack::binaries},
 };
 
 on_both_backends!(
@@ -215,6 +217,29 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
     old_student(&db, "AB-1001")
         .await
         .expect("allowed by the old schema");
+
+    // student-svc, started on it, stops with the database's refusal.
+    let log = dbs.dir.path().join("student-svc.log");
+    let mut service = devstack::Process::spawn_isolated(
+        &binaries().join("student-svc"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &dbs.student_url,
+        ]
+        .map(str::to_owned),
+        &[],
+        &log,
+    )
+    .expect("start student-svc");
+    let status = service
+        .wait_timeout(Duration::from_secs(60))
+        .expect("wait")
+        .expect("student-svc stops instead of serving");
+    assert!(!status.success(), "{status}");
+    let logged = std::fs::read_to_string(&log).expect("its log");
+    assert!(logged.contains("students_document_number_key"), "{logged}");
 
     let refused =
         migrations::apply::<migrations::student::Migrator>(&db, migrations::STUDENT_LOCK_ID)
