@@ -1,5 +1,7 @@
 //! Migrations applied to a database that already holds rows written by the previous
-//! version: what those rows become.
+//! version: what those rows become, and what an upgrade those rows refuse leaves behind.
+
+use std::time::Duration;
 
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, EntityTrait, TransactionTrait,
@@ -8,8 +10,6 @@ use sea_orm::{
 use sea_orm_migration::MigratorTrait;
 use student_store::entity::{outbox, students};
 use uuid::Uuid;
-
-use std::time::Duration;
 
 use crate::{
     on_both_backends,
