@@ -525,6 +525,13 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
             .output()
             .expect("run relay")
     };
+    let relay_flags = |args: &[&str]| {
+        std::process::Command::new(binaries().join("relay"))
+            .env_clear()
+            .args(args)
+            .output()
+            .expect("run relay")
+    };
     for (output, code, service) in [
         (users_svc(&["inbox", "show", "--key", "k"]), 1, "users-svc"),
         (users_svc(&["inbox", "purge"]), 1, "users-svc"),
@@ -532,6 +539,29 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
         (relay(&["purge"]), 2, "student-svc"),
         (
             relay(&["show", "--student", &uuid::Uuid::nil().to_string()]),
+            2,
+            "student-svc",
+        ),
+        // The relay's flags are global, and a flag given twice takes its last value: each
+        // of these reads the test's database, not the (unreachable) one named first.
+        (
+            relay_flags(&["--database-url", &dbs.student_url, "status"]),
+            2,
+            "student-svc",
+        ),
+        (
+            relay_flags(&["status", "--database-url", &dbs.student_url]),
+            2,
+            "student-svc",
+        ),
+        (
+            relay_flags(&[
+                "status",
+                "--database-url",
+                "postgres://nobody@127.0.0.1:1/none",
+                "--database-url",
+                &dbs.student_url,
+            ]),
             2,
             "student-svc",
         ),
