@@ -67,6 +67,14 @@ async fn exhaust_a_row_users_executed(stack: &mut Stack) -> outbox::Model {
     failed
 }
 
+/// Runs `relay retry-failed ARGS`, asserts it exits 0, and returns what it printed.
+fn retry_failed(stack: &Stack, args: &[&str]) -> String {
+    let output = stack.relay_command(&[&["retry-failed"], args].concat());
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    stdout
+}
+
 /// The student of `row`, as a client reads it.
 async fn student_of(stack: &Stack, row: &outbox::Model) -> Student {
     stack
@@ -92,9 +100,7 @@ async fn redrive_links_the_existing_user(
         .await
         .expect("users")
         .expect("the user created before the answer was lost");
-    let output = stack.relay_command(&["retry-failed", "--all", "--new-key"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    let stdout = retry_failed(stack, &["--all", "--new-key"]);
     assert_eq!(
         stdout,
         format!(
@@ -216,9 +222,7 @@ async fn an_exhausted_update_users_applied_is_recorded_as_synced_and_the_next_ch
         return;
     };
     let (id, failed, user_id) = exhaust_an_update_users_applied(&mut stack).await;
-    let output = stack.relay_command(&["retry-failed", "--all", "--new-key"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    let stdout = retry_failed(&stack, &["--all", "--new-key"]);
     assert_eq!(
         stdout,
         format!(
@@ -239,9 +243,7 @@ async fn an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_
         return;
     };
     let (id, failed, _) = exhaust_an_update_users_applied(&mut stack).await;
-    let output = stack.relay_command(&["retry-failed", "--all"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    let stdout = retry_failed(&stack, &["--all"]);
     assert_eq!(
         stdout,
         format!(

@@ -25,20 +25,26 @@ on_both_backends!(
 /// `error_code` and student versions existed.
 const BEFORE: u32 = 5;
 
+/// The test's Student DB with its first `applied` migrations applied: the schema of an
+/// earlier version. In one transaction, as the services apply migrations (on SQLite the
+/// schema changes must not be spread over the pool's connections).
+async fn student_db_at(dbs: &TestDatabases, applied: u32) -> DatabaseConnection {
+    let db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("connect");
+    let txn = db.begin().await.expect("begin");
+    migrations::student::Migrator::up(&txn, Some(applied))
+        .await
+        .expect("the older schema");
+    txn.commit().await.expect("commit");
+    db
+}
+
 async fn rows_written_before_the_lifecycle_migrations_keep_their_meaning(backend: Backend) {
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
     };
-    let db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("connect");
-    // In one transaction, as the services apply migrations (on SQLite the schema changes
-    // must not be spread over the pool's connections).
-    let txn = db.begin().await.expect("begin");
-    migrations::student::Migrator::up(&txn, Some(BEFORE))
-        .await
-        .expect("the older schema");
-    txn.commit().await.expect("commit");
+    let db = student_db_at(&dbs, BEFORE).await;
     let (linked, exhausted) = (Uuid::now_v7(), Uuid::now_v7());
     let at = platform::db::now();
     for (id, user) in [(linked, Some(Uuid::now_v7())), (exhausted, None)] {
@@ -205,14 +211,7 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
     };
-    let db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("connect");
-    let txn = db.begin().await.expect("begin");
-    migrations::student::Migrator::up(&txn, Some(BEFORE_CASE_INSENSITIVE))
-        .await
-        .expect("the older schema");
-    txn.commit().await.expect("commit");
+    let db = student_db_at(&dbs, BEFORE_CASE_INSENSITIVE).await;
     old_student(&db, "ab-1001").await.expect("a student");
     old_student(&db, "AB-1001")
         .await
