@@ -46,38 +46,13 @@ async fn rows_written_before_the_lifecycle_migrations_keep_their_meaning(backend
     };
     let db = student_db_at(&dbs, BEFORE).await;
     let (linked, exhausted) = (Uuid::now_v7(), Uuid::now_v7());
-    let at = platform::db::now();
     for (id, user) in [(linked, Some(Uuid::now_v7())), (exhausted, None)] {
-        let insert = Query::insert()
-            .into_table(Alias::new("students"))
-            .columns(
-                [
-                    "id",
-                    "first_name",
-                    "last_name",
-                    "email",
-                    "document_number",
-                    "user_id",
-                    "request_hash",
-                    "created_at",
-                    "updated_at",
-                ]
-                .map(Alias::new),
-            )
-            .values_panic([
-                id.into(),
-                "Ana".into(),
-                "Pérez".into(),
-                "ana@example.edu".into(),
-                id.simple().to_string()[20..].to_owned().into(),
-                user.into(),
-                "hash".into(),
-                at.into(),
-                at.into(),
-            ])
-            .to_owned();
-        db.execute(&insert).await.expect("an old student");
+        let document_number = id.simple().to_string()[20..].to_owned();
+        old_student(&db, id, &document_number, user)
+            .await
+            .expect("an old student");
     }
+    let at = platform::db::now();
     let old_rows = [
         (linked, "done", None, None),
         (
@@ -160,12 +135,14 @@ async fn rows_written_before_the_lifecycle_migrations_keep_their_meaning(backend
 /// The Student DB's migrations before document numbers became unique ignoring case.
 const BEFORE_CASE_INSENSITIVE: u32 = 3;
 
-/// Writes a student with `document_number` as the old schema allows.
+/// Writes student `id` with `document_number`, linked to `user` if given, as the old
+/// schema allows.
 async fn old_student(
     db: &impl ConnectionTrait,
+    id: Uuid,
     document_number: &str,
+    user: Option<Uuid>,
 ) -> Result<(), sea_orm::DbErr> {
-    let id = Uuid::now_v7();
     let at = platform::db::now();
     let insert = Query::insert()
         .into_table(Alias::new("students"))
@@ -176,6 +153,7 @@ async fn old_student(
                 "last_name",
                 "email",
                 "document_number",
+                "user_id",
                 "request_hash",
                 "created_at",
                 "updated_at",
@@ -188,6 +166,7 @@ async fn old_student(
             "Pérez".into(),
             "ana@example.edu".into(),
             document_number.into(),
+            user.into(),
             "hash".into(),
             at.into(),
             at.into(),
@@ -212,8 +191,10 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
         return;
     };
     let db = student_db_at(&dbs, BEFORE_CASE_INSENSITIVE).await;
-    old_student(&db, "ab-1001").await.expect("a student");
-    old_student(&db, "AB-1001")
+    old_student(&db, Uuid::now_v7(), "ab-1001", None)
+        .await
+        .expect("a student");
+    old_student(&db, Uuid::now_v7(), "AB-1001", None)
         .await
         .expect("allowed by the old schema");
 
@@ -254,11 +235,15 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
         BEFORE_CASE_INSENSITIVE as usize
     );
     assert!(
-        old_student(&db, "ab-1001").await.is_err(),
+        old_student(&db, Uuid::now_v7(), "ab-1001", None)
+            .await
+            .is_err(),
         "the old index is still there"
     );
-    old_student(&db, "cd-2002").await.expect("a student");
-    old_student(&db, "CD-2002")
+    old_student(&db, Uuid::now_v7(), "cd-2002", None)
+        .await
+        .expect("a student");
+    old_student(&db, Uuid::now_v7(), "CD-2002", None)
         .await
         .expect("still the old rule");
 
@@ -278,9 +263,13 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
         applied_migrations(&db).await,
         migrations::student::Migrator::migrations().len()
     );
-    old_student(&db, "EF-3003").await.expect("a student");
+    old_student(&db, Uuid::now_v7(), "EF-3003", None)
+        .await
+        .expect("a student");
     assert!(
-        old_student(&db, "ef-3003").await.is_err(),
+        old_student(&db, Uuid::now_v7(), "ef-3003", None)
+            .await
+            .is_err(),
         "unique ignoring case"
     );
     db.close().await.ok();
