@@ -116,16 +116,23 @@ impl Relay {
                 Err(err) => first_error = first_error.or(Some(err)),
             }
         }
-        if !unsent.is_empty() {
-            let released =
-                usize::try_from(outbox::release(&self.db, &unsent, &self.id).await?).unwrap_or(0);
-            outcome.released += released;
-            tracing::info!(released, "released unsent rows for other relays");
-        }
+        outcome.released += self.release_unsent(&unsent).await?;
         match first_error {
             Some(err) => Err(err),
             None => Ok(outcome),
         }
+    }
+
+    /// Hands rows this relay claimed but did not send back to `pending`, their attempt
+    /// unused, for another relay to take at once; returns how many went back.
+    pub(crate) async fn release_unsent(&self, unsent: &[i64]) -> anyhow::Result<usize> {
+        if unsent.is_empty() {
+            return Ok(0);
+        }
+        let released =
+            usize::try_from(outbox::release(&self.db, unsent, &self.id).await?).unwrap_or(0);
+        tracing::info!(released, "released unsent rows for other relays");
+        Ok(released)
     }
 
     /// How many rows one claim takes: no more than can be sent at once. A row claimed

@@ -64,8 +64,8 @@ impl InFlight {
 impl Relay {
     /// Delivers rows until `shutdown` is cancelled (the rows of a claim it interrupts go
     /// back unsent), then lets the calls in flight finish (each within its deadline) and
-    /// records them. Errors of the database make the loop
-    /// back off, growing, so they never spin.
+    /// records them. Errors of the database make the loop back off, growing, so they never
+    /// spin.
     pub async fn run(&self, wakeup: Wakeup, shutdown: CancellationToken) {
         // Deliveries record their rows through one group-committing finalizer; each waits
         // for its record, so once the loop has drained nothing is left to record.
@@ -104,8 +104,8 @@ impl Relay {
                             for row in &rows {
                                 crate::metrics::delivery(&row.effect_type, Outcome::Released);
                             }
-                            self.release_unsent(rows.iter().map(|row| row.id).collect())
-                                .await;
+                            let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+                            self.give_back(&ids).await;
                             break;
                         }
                         // A full claim: more rows are probably due.
@@ -184,19 +184,14 @@ impl Relay {
                 }
             }
         }
-        self.release_unsent(unsent).await;
+        self.give_back(&unsent).await;
     }
 
-    /// Hands rows this relay claimed but did not send back to `pending`, attempt unused.
-    async fn release_unsent(&self, unsent: Vec<i64>) {
-        if unsent.is_empty() {
-            return;
-        }
-        match student_store::outbox::release(&self.db, &unsent, &self.id).await {
-            Ok(released) => tracing::info!(released, "released unsent rows for other relays"),
-            Err(err) => {
-                tracing::warn!(rows = ?unsent, error = %err, "cannot release unsent rows; their leases will run out");
-            }
+    /// [`Relay::release_unsent`], where a failure only delays the rows: they are claimable
+    /// again once their lease runs out.
+    async fn give_back(&self, unsent: &[i64]) {
+        if let Err(err) = self.release_unsent(unsent).await {
+            tracing::warn!(rows = ?unsent, error = format!("{err:#}"), "cannot release unsent rows; their leases will run out");
         }
     }
 }
