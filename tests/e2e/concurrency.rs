@@ -259,14 +259,7 @@ async fn relay_audit_while_two_relays_deliver_finds_nothing_wrong(backend: Backe
     let mut audits_mid_drain = 0;
     loop {
         let linked_before = stack.linked_students().await;
-        let audit = stack.relay_command(&["audit"]);
-        let stdout = String::from_utf8_lossy(&audit.stdout);
-        assert_eq!(
-            (audit.status.code(), stdout.as_ref()),
-            (Some(0), format!("checked={STUDENTS} problems=0\n").as_str()),
-            "an audit with {linked_before} of {STUDENTS} linked; stderr: {}",
-            String::from_utf8_lossy(&audit.stderr)
-        );
+        stack.assert_audit_clean(STUDENTS);
         let linked_after = stack.linked_students().await;
         if linked_after == STUDENTS as u64 {
             break;

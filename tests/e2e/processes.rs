@@ -509,29 +509,19 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
     };
-    let users_svc = |args: &[&str]| {
-        std::process::Command::new(binaries().join("users-svc"))
+    // A one-shot command with `env` as its only environment.
+    let run = |binary: &str, env: &[(&str, &str)], args: &[&str]| {
+        std::process::Command::new(binaries().join(binary))
             .env_clear()
-            .args(args)
-            .env("USERS_DATABASE_URL", &dbs.users_url)
-            .output()
-            .expect("run users-svc")
-    };
-    let relay = |args: &[&str]| {
-        std::process::Command::new(binaries().join("relay"))
-            .env_clear()
-            .args(args)
-            .env("STUDENT_DATABASE_URL", &dbs.student_url)
-            .output()
-            .expect("run relay")
-    };
-    let relay_flags = |args: &[&str]| {
-        std::process::Command::new(binaries().join("relay"))
-            .env_clear()
+            .envs(env.iter().copied())
             .args(args)
             .output()
-            .expect("run relay")
+            .unwrap_or_else(|err| panic!("run {binary}: {err}"))
     };
+    let users_svc =
+        |args: &[&str]| run("users-svc", &[("USERS_DATABASE_URL", &dbs.users_url)], args);
+    let relay = |args: &[&str]| run("relay", &[("STUDENT_DATABASE_URL", &dbs.student_url)], args);
+    let relay_flags = |args: &[&str]| run("relay", &[], args);
     for (output, code, service) in [
         (users_svc(&["inbox", "show", "--key", "k"]), 1, "users-svc"),
         (users_svc(&["inbox", "purge"]), 1, "users-svc"),
