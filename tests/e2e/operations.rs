@@ -325,7 +325,7 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
         return;
     };
     let relay_metrics = stack.metrics_addr("relay-0").await;
-    let relay_gauge = |name: &'static str, labels: &'static [(&'static str, &'static str)]| async move {
+    let relay_sample = |name: &'static str, labels: &'static [(&'static str, &'static str)]| async move {
         sample(&scrape(relay_metrics).await, name, labels)
     };
     // Someone already has student 0's document number in Users.
@@ -339,12 +339,12 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
     stack.kill_users();
     stack.create_students(1..2).await;
     eventually("the oldest pending row to age", LINK_DEADLINE, || async {
-        let age = relay_gauge("outbox_oldest_pending_age_seconds", &[]).await;
+        let age = relay_sample("outbox_oldest_pending_age_seconds", &[]).await;
         (age >= 1.0).then_some(())
     })
     .await;
     let retried = &[("effect", "create-user"), ("outcome", "retried")];
-    assert!(relay_gauge("relay_deliveries_total", retried).await >= 1.0);
+    assert!(relay_sample("relay_deliveries_total", retried).await >= 1.0);
     let status = stack.relay_command(&["status"]);
     let stdout = String::from_utf8_lossy(&status.stdout);
     let age: u64 = stdout
@@ -361,7 +361,7 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
     let users_metrics = stack.metrics_addr("users-svc").await;
     stack.wait_until_all_linked(1).await;
     eventually("the age to fall back to 0", LINK_DEADLINE, || async {
-        (relay_gauge("outbox_oldest_pending_age_seconds", &[]).await == 0.0).then_some(())
+        (relay_sample("outbox_oldest_pending_age_seconds", &[]).await == 0.0).then_some(())
     })
     .await;
 
@@ -369,7 +369,7 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
     let refused = stack.create_students(0..1).await.remove(0);
     eventually("student 0's row to fail", LINK_DEADLINE, || async {
         let failed = &[("effect", "create-user"), ("outcome", "failed")];
-        (relay_gauge("relay_deliveries_total", failed).await == 1.0).then_some(())
+        (relay_sample("relay_deliveries_total", failed).await == 1.0).then_some(())
     })
     .await;
     stack.rename_student(&refused, "Renamed").await;
@@ -377,8 +377,8 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
         "the gauges to show it failed and blocked",
         LINK_DEADLINE,
         || async {
-            let failed = relay_gauge("outbox_rows", &[("status", "failed")]).await;
-            let blocked = relay_gauge("outbox_rows", &[("status", "blocked")]).await;
+            let failed = relay_sample("outbox_rows", &[("status", "failed")]).await;
+            let blocked = relay_sample("outbox_rows", &[("status", "blocked")]).await;
             (failed == 1.0 && blocked == 1.0).then_some(())
         },
     )
