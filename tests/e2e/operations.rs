@@ -1,12 +1,14 @@
 //! Day two, against the three real binaries: the metrics each exports move with the work
 //! done, and the alert rules and dashboard in `ops/` name only metrics that exist; `relay
 //! audit` finds every kind of disagreement between the two databases, and nothing else;
-//! retention deletes only delivered rows and old inbox keys, and a key older than the
-//! inbox's memory is refused, never executed a second time; one trace id follows a student
-//! through the three processes' logs.
+//! retention deletes only delivered rows (never one in flight) and old inbox keys, and a
+//! key older than the inbox's memory is refused, never executed a second time; one trace
+//! id follows a student through the three processes' logs.
 
 use std::collections::BTreeSet;
 
+use nix::sys::signal::Signal;
+use platform::failpoint::points;
 use proto::{student::v1::CreateStudentRequest, users::v1::CreateUserRequest};
 use sea_orm::{
     ColumnTrait as _, EntityTrait as _, QueryFilter as _, QueryOrder as _, sea_query::Expr,
@@ -38,6 +40,7 @@ on_both_backends!(
     what_the_alerts_watch_moves_when_deliveries_go_wrong,
     audit_reports_each_disagreement_between_the_databases,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
+    purge_leaves_a_row_in_flight_to_be_delivered_once,
     one_trace_id_follows_a_student_through_the_three_processes,
 );
 
@@ -774,6 +777,54 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
         (rows[0].id, rows[0].status),
         (failed.id, OutboxStatus::Failed)
     );
+}
+
+/// `relay purge` while a row is in flight (claimed, its call not made yet: the relay is
+/// held by a fail point and then frozen, so the purge surely runs inside that window): the
+/// purge takes the old `done` rows and not the claimed one, whatever its age; the relay
+/// then delivers it, once.
+async fn purge_leaves_a_row_in_flight_to_be_delivered_once(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.create_students(0..2).await;
+    stack.wait_until_all_linked(2).await;
+    stack.kill_relays();
+    stack.create_students(2..3).await;
+    let held = format!("{}=1*sleep(3000)", points::RELAY_AFTER_CLAIM);
+    stack.start_relay(Some(&held), &["--lease", "300s"]);
+    stack
+        .wait_for_relay_log_lines("fail point: sleeping", 1)
+        .await;
+    stack.relays[0].signal(Signal::SIGSTOP).expect("SIGSTOP");
+
+    let purge = stack.relay_command(&["purge", "--retain-done", "1ms"]);
+    assert_eq!(
+        (
+            purge.status.code(),
+            String::from_utf8_lossy(&purge.stdout).as_ref()
+        ),
+        (Some(0), "purged=2\n"),
+        "{purge:?}"
+    );
+    let rows = stack.outbox_rows().await;
+    let in_flight: Vec<_> = rows
+        .iter()
+        .map(|row| (row.status, row.attempts, row.locked_by.is_some()))
+        .collect();
+    assert_eq!(in_flight, [(OutboxStatus::Processing, 1, true)], "{rows:?}");
+
+    stack.relays[0].signal(Signal::SIGCONT).expect("SIGCONT");
+    stack.wait_until_all_linked(3).await;
+    let rows = stack.outbox_rows().await;
+    assert_eq!(
+        rows.iter().map(|row| row.status).collect::<Vec<_>>(),
+        [OutboxStatus::Done]
+    );
+    // One user and one key per student, each linked to its own user (the audit reads
+    // every student against Users; purged rows are not needed for that).
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await, (3, 3));
+    stack.assert_audit_clean(3);
 }
 
 /// `message` with metadata `traceparent: 00-<trace_id>-<span>-01`.
