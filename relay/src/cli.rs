@@ -250,8 +250,10 @@ async fn show(database_url: &str, student: Uuid) -> anyhow::Result<ExitCode> {
     let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
     let rows = show::read(&db, student).await?;
     if rows.is_empty() {
+        // The answer is "none" (exit 1), not an error (2): the convention of every
+        // one-shot command, as grep's.
         eprintln!("no outbox row for student {student}");
-        return Ok(ExitCode::from(2));
+        return Ok(ExitCode::from(1));
     }
     show::print(&rows, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)

@@ -114,7 +114,7 @@ pub enum Command {
 pub enum InboxCommand {
     /// Delete the entries older than --inbox-retention now, in batches; prints `purged=N`.
     Purge,
-    /// Print the saved fingerprint, answer and time of one key (exit 2 if it is unknown).
+    /// Print the saved fingerprint, answer and time of one key (exit 1 if it is unknown).
     Show {
         /// The idempotency key (a relay's outbox row key).
         #[arg(long)]

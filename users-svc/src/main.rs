@@ -13,14 +13,8 @@ fn main() -> anyhow::Result<ExitCode> {
 
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     platform::telemetry::init(config.log_format);
-    match &config.command {
-        Some(Command::Inbox {
-            action: InboxCommand::Show { key },
-        }) => return show_inbox_entry(&config.database_url, key).await,
-        Some(Command::Inbox {
-            action: InboxCommand::Purge,
-        }) => return purge_inbox(&config.database_url, config.inbox_retention).await,
-        None => {}
+    if let Some(Command::Inbox { action }) = &config.command {
+        return Ok(one_shot(inbox(&config, action).await));
     }
     let options = config.server_options()?;
     let auth_tokens = config.auth_tokens()?;
@@ -36,6 +30,22 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A one-shot command's exit code, as the relay's: 0 done, 1 the answer is no (set by
+/// the command), 2 it could not do its work.
+fn one_shot(result: anyhow::Result<ExitCode>) -> ExitCode {
+    result.unwrap_or_else(|err| {
+        eprintln!("error: {err:#}");
+        ExitCode::from(2)
+    })
+}
+
+async fn inbox(config: &Config, action: &InboxCommand) -> anyhow::Result<ExitCode> {
+    match action {
+        InboxCommand::Show { key } => show_inbox_entry(&config.database_url, key).await,
+        InboxCommand::Purge => purge_inbox(&config.database_url, config.inbox_retention).await,
+    }
+}
+
 /// `users-svc inbox show --key KEY`, on a database that already has its schema (a
 /// one-shot command never migrates).
 async fn show_inbox_entry(database_url: &str, key: &str) -> anyhow::Result<ExitCode> {
@@ -45,7 +55,7 @@ async fn show_inbox_entry(database_url: &str, key: &str) -> anyhow::Result<ExitC
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!("no inbox entry for key {key}");
-        Ok(ExitCode::from(2))
+        Ok(ExitCode::from(1))
     }
 }
 
