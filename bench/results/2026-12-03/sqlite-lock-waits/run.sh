@@ -5,9 +5,10 @@
 # build; loadgen on SQLite (`synchronous=FULL`, its default) with every binary's metrics
 # on fixed ports, scraped once a second while each run lasts (the last scrape of each
 # process is its total; the load's seconds are in the run's JSON). Rates: 300 and 600 /s
-# open loop (a quarter and a half of the maximum as the SQLite suites of 2026-12-02
-# measured it: a quarter was 332-388 /s), then a closed loop at 32 in flight with one
-# relay. Run from the repository's root; writes beside itself.
+# open loop (meant as a quarter and a half of the maximum, whose quarter the SQLite suites
+# in BENCHMARKS.md put at 332 and 412 /s; against this afternoon's maximum, the closed
+# loops' 932 and 1,094 /s, they were 27-32 % and 55-64 %), then a closed loop at 32 in
+# flight with one relay. Run from the repository's root; writes beside itself.
 set -euo pipefail
 D=$PWD/bench/results/2026-12-03/sqlite-lock-waits
 METRICS=(--env STUDENT_METRICS_ADDR=127.0.0.1:19101 --env USERS_METRICS_ADDR=127.0.0.1:19102
