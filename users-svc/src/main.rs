@@ -6,16 +6,21 @@ use users_svc::{Command, Config, InboxCommand};
 
 fn main() -> anyhow::Result<ExitCode> {
     let config = Config::parse();
-    platform::runtime::build(config.worker_threads)
-        .context("cannot start the runtime")?
-        .block_on(serve(config))
+    let runtime =
+        platform::runtime::build(config.worker_threads).context("cannot start the runtime");
+    if let Some(Command::Inbox { action }) = &config.command {
+        return Ok(one_shot(runtime.and_then(|runtime| {
+            runtime.block_on(async {
+                platform::telemetry::init(config.log_format);
+                inbox(&config, action).await
+            })
+        })));
+    }
+    runtime?.block_on(serve(config))
 }
 
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     platform::telemetry::init(config.log_format);
-    if let Some(Command::Inbox { action }) = &config.command {
-        return Ok(one_shot(inbox(&config, action).await));
-    }
     let options = config.server_options()?;
     let auth_tokens = config.auth_tokens()?;
     let shutdown = platform::shutdown::on_signal()?;
@@ -31,7 +36,8 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
 }
 
 /// A one-shot command's exit code, as the relay's: 0 done, 1 the answer is no (set by
-/// the command), 2 it could not do its work.
+/// the command), 2 it could not do its work (its runtime not starting included). The
+/// server's errors exit 1, as student-svc's.
 fn one_shot(result: anyhow::Result<ExitCode>) -> ExitCode {
     result.unwrap_or_else(|err| {
         eprintln!("error: {err:#}");
