@@ -78,4 +78,48 @@ mod tests {
         assert_eq!(purged, Ok(2 * PURGE_BATCH + 3));
         assert_eq!(calls, 3);
     }
+
+    /// A purge that fails (SQLite busy, a PostgreSQL blip) is tried again at the next
+    /// interval: one error must not end retention until the next restart.
+    #[tokio::test]
+    async fn the_schedule_tries_again_after_a_failed_purge_and_stops_when_told() {
+        use std::sync::{
+            Arc,
+            atomic::{AtomicU32, Ordering},
+        };
+        let calls = Arc::new(AtomicU32::new(0));
+        let shutdown = CancellationToken::new();
+        let schedule = tokio::spawn(on_schedule(
+            "rows",
+            Duration::from_millis(10),
+            shutdown.clone(),
+            {
+                let calls = calls.clone();
+                move || {
+                    let call = calls.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if call == 0 {
+                            Err("database busy")
+                        } else {
+                            Ok(1)
+                        }
+                    }
+                }
+            },
+        ));
+        // The first purge fails; the schedule goes on to two more.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while calls.load(Ordering::SeqCst) < 3 {
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("purges after the failed one");
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), schedule)
+            .await
+            .expect("the schedule ends when shut down")
+            .expect("the schedule did not panic");
+    }
 }

@@ -103,6 +103,13 @@ mod tests {
         assert_eq!(budget.limit(), 32);
         budget.answered();
         assert_eq!(budget.limit(), 33);
+        // The count starts again at each step: 33 more answers for the next one, not one.
+        for _ in 0..32 {
+            budget.answered();
+        }
+        assert_eq!(budget.limit(), 33);
+        budget.answered();
+        assert_eq!(budget.limit(), 34);
         // Never above the configured maximum, never below one.
         for _ in 0..100_000 {
             budget.answered();
@@ -110,5 +117,25 @@ mod tests {
         assert_eq!(budget.limit(), 64);
         let tiny = CallBudget::new(1);
         assert_eq!(tiny.shed(), Some(1));
+    }
+
+    #[test]
+    fn answers_counted_before_a_cut_do_not_count_after_it() {
+        // At its maximum the relay counts answers without growing; then Users sheds.
+        let budget = CallBudget::new(32);
+        for _ in 0..31 {
+            budget.answered();
+        }
+        assert_eq!(budget.shed(), Some(16));
+        for _ in 0..15 {
+            budget.answered();
+        }
+        assert_eq!(
+            budget.limit(),
+            16,
+            "the 31 answers before the cut were forgotten"
+        );
+        budget.answered();
+        assert_eq!(budget.limit(), 17);
     }
 }
