@@ -1,8 +1,9 @@
 //! Group commit of finished deliveries: rows Users has answered are recorded many to one
 //! transaction (one statement for the batch on PostgreSQL, two on SQLite, see
-//! `student_store::outbox::record_deliveries`) instead of one transaction each. Every commit is a disk sync (SQLite `FULL`, PostgreSQL's WAL
-//! flush); answers that arrive while one batch commits form the next, so the batch grows
-//! with the load and a lone answer is recorded at once.
+//! `student_store::outbox::record_deliveries`) instead of one transaction each. Every
+//! commit is a disk sync (SQLite `FULL`, PostgreSQL's WAL flush); answers that arrive
+//! while one batch commits form the next, so the batch grows with the load and a lone
+//! answer is recorded at once.
 
 use platform::group_commit::GroupCommit;
 use sea_orm::{DatabaseConnection, DbErr};
@@ -73,4 +74,32 @@ fn stopped() -> RecordError {
     RecordError::Db(DbErr::Custom(
         "not recorded: the relay is stopping, or its batch failed".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::test_rows::row;
+
+    /// A batch the database refuses records nothing, and every row of it says so: none
+    /// may be logged or counted as delivered and linked (each keeps its lease and is
+    /// delivered again once it runs out).
+    #[tokio::test]
+    async fn a_failed_batch_reports_every_row_unrecorded() {
+        // No schema: the batch's statement fails.
+        let db = platform::db::connect("sqlite::memory:")
+            .await
+            .expect("connect");
+        let deliveries = vec![
+            (row(1, 1), Delivered::UserCreated(Uuid::now_v7())),
+            (row(2, 1), Delivered::UserCreated(Uuid::now_v7())),
+        ];
+        let results = record_batch(&db, "relay-test", deliveries).await;
+        assert_eq!(results.len(), 2);
+        for result in results {
+            assert!(matches!(result, Err(RecordError::Db(_))), "{result:?}");
+        }
+    }
 }

@@ -24,6 +24,8 @@ pub mod retry_failed;
 pub mod show;
 mod startup;
 pub mod status;
+#[cfg(test)]
+mod test_rows;
 pub mod users_client;
 pub mod wakeup;
 
