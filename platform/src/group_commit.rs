@@ -130,9 +130,11 @@ mod tests {
     /// The batches a test writer took, in order.
     type Batches = Arc<StdMutex<Vec<Vec<u32>>>>;
 
-    /// One writer whose batches each wait for `release` before they commit (answering
-    /// each item times ten), and the batches it took.
-    fn held_writer() -> (
+    /// `writers` writers whose batches each wait for `release` before they commit
+    /// (answering each item times ten), and the batches they took.
+    fn held_writers(
+        writers: usize,
+    ) -> (
         GroupCommit<u32, u32>,
         Batches,
         tokio::sync::watch::Sender<bool>,
@@ -140,7 +142,7 @@ mod tests {
         let batches = Arc::new(StdMutex::new(Vec::new()));
         let (release, held) = tokio::sync::watch::channel(false);
         let seen = batches.clone();
-        let writer = GroupCommit::start(1, 16, move |items: Vec<u32>| {
+        let writer = GroupCommit::start(writers, 16, move |items: Vec<u32>| {
             let seen = seen.clone();
             let mut held = held.clone();
             async move {
@@ -175,7 +177,7 @@ mod tests {
     /// Items queued while the only writer commits are committed together next.
     #[tokio::test]
     async fn writes_queued_during_a_commit_form_the_next_batch() {
-        let (writer, batches, release) = held_writer();
+        let (writer, batches, release) = held_writers(1);
         let first = submit(&writer, 1);
         first_batch_taken(&batches).await;
         let others: Vec<_> = (2..=4).map(|item| submit(&writer, item)).collect();
@@ -198,7 +200,7 @@ mod tests {
     /// A write whose caller gave up while it waited is left out of its batch.
     #[tokio::test]
     async fn a_write_whose_caller_gave_up_while_waiting_is_left_out() {
-        let (writer, batches, release) = held_writer();
+        let (writer, batches, release) = held_writers(1);
         let first = submit(&writer, 1);
         first_batch_taken(&batches).await;
         let given_up = submit(&writer, 2);
@@ -210,6 +212,27 @@ mod tests {
         assert_eq!(first.await.unwrap(), Some(10));
         assert_eq!(kept.await.unwrap(), Some(30));
         assert_eq!(*batches.lock().unwrap(), [vec![1], vec![3]]);
+    }
+
+    /// With two writers (student-svc's on PostgreSQL), a write arriving while one batch
+    /// commits is taken by the other writer at once, not after that commit.
+    #[tokio::test]
+    async fn a_second_writer_takes_what_arrives_while_the_first_commits() {
+        let (writer, batches, release) = held_writers(2);
+        let first = submit(&writer, 1);
+        first_batch_taken(&batches).await;
+        let second = submit(&writer, 2);
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while batches.lock().unwrap().len() < 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the second writer takes a batch while the first is held");
+        assert_eq!(*batches.lock().unwrap(), [vec![1], vec![2]]);
+        release.send(true).unwrap();
+        assert_eq!(first.await.unwrap(), Some(10));
+        assert_eq!(second.await.unwrap(), Some(20));
     }
 
     /// A batch never exceeds its limit.
