@@ -211,8 +211,9 @@ fn threads_of(pid: u32) -> Vec<String> {
 }
 
 /// Twelve rows waiting when a relay starts with `--rows-per-call 4` reach Users as three
-/// CreateUsers calls and no CreateUser call (Users' own count of the calls it served);
-/// with `--rows-per-call 1`, three more rows are three CreateUser calls.
+/// CreateUsers calls and no CreateUser call (Users' own count of the calls it served), and
+/// the answers of a call are recorded together (the finalizer's group commit); with
+/// `--rows-per-call 1`, three more rows are three CreateUser calls.
 async fn waiting_create_user_rows_go_to_users_many_to_a_call(backend: Backend) {
     let Some(mut stack) = Stack::start_with_metrics(backend).await else {
         return;
@@ -231,7 +232,11 @@ async fn waiting_create_user_rows_go_to_users_many_to_a_call(backend: Backend) {
     };
     stack.kill_relays();
     stack.create_students(0..12).await;
-    stack.start_relay(None, &["--rows-per-call", "4"]);
+    stack.start_relay(
+        None,
+        &["--rows-per-call", "4", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let relay_metrics = stack.metrics_addr("relay-1").await;
     stack.wait_until_all_linked(12).await;
     let text = scrape(users_metrics).await;
     assert_eq!(
@@ -239,6 +244,12 @@ async fn waiting_create_user_rows_go_to_users_many_to_a_call(backend: Backend) {
         (3.0, 0.0),
         "{text}"
     );
+    // A call's four answers reach the finalizer together: recorded in set-based batches,
+    // fewer batches than rows (one transaction per row would be twelve `alone`).
+    let relay = scrape(relay_metrics).await;
+    let batches = |path| sample(&relay, "relay_finalize_batches_total", &[("path", path)]);
+    assert!(batches("set") >= 1.0, "{relay}");
+    assert!(batches("alone") + batches("set") < 12.0, "{relay}");
 
     stack.kill_relays();
     stack.create_students(12..15).await;
