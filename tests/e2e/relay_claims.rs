@@ -947,6 +947,39 @@ async fn a_commit_wakes_an_idle_sqlite_relay_long_before_its_poll() {
     a_commit_wakes_an_idle_relay(Backend::Sqlite, WakeRelays::default()).await;
 }
 
+/// SQLite: the watcher wakes the relay for a commit that leaves a row pending, and not for
+/// one that leaves none (as the relay's own finalizes do): a claim takes SQLite's one write
+/// lock, so a relay woken for nothing takes it from CreateStudent's commits
+/// (BENCHMARKS-JOURNAL.md, "SQLite relays woken by commits").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
+    let Some(app) = spawn_app_with(Backend::Sqlite, AppOptions::default()).await else {
+        return;
+    };
+    let wakeup = Wakeup::for_database(&app.databases.student_url).await;
+    assert!(wakeup.is_listening(), "the watcher runs");
+    // Two commits that leave nothing pending, each watched for 30 of the watcher's reads
+    // (the first may land before its first read, which only sets where it starts).
+    for probe in 0..2 {
+        app.student_db
+            .execute_unprepared(&format!("CREATE TABLE probe_{probe} (x INTEGER)"))
+            .await
+            .expect("a commit with no outbox row");
+        let woken =
+            tokio::time::timeout(relay::wakeup::SQLITE_WATCH_INTERVAL * 30, wakeup.notified())
+                .await;
+        assert!(
+            woken.is_err(),
+            "woken by commit {probe}, with nothing pending"
+        );
+    }
+    // A student's commit leaves its row pending (no relay runs): that one wakes it.
+    create_students(&app, 0..1).await;
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .expect("woken by the commit that left a row pending");
+}
+
 async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays) {
     let options = AppOptions {
         wake_relays,
