@@ -11,6 +11,7 @@ use crate::{
     support::{
         Backend, eventually,
         invariants::assert_each_student_linked_exactly_once,
+        metrics::{sample, scrape},
         stack::{LINK_DEADLINE, Stack},
     },
 };
@@ -18,6 +19,7 @@ use crate::{
 on_both_backends!(
     slow_users_and_three_relays_spend_one_attempt_per_send,
     a_relay_stalled_past_its_lease_releases_its_rows_instead_of_sending_them_late,
+    a_lease_with_less_left_than_a_call_may_take_sends_nothing,
 );
 
 /// Failed sends per outbox row, from the relays' "delivery failed, will retry" lines.
@@ -119,5 +121,67 @@ async fn a_relay_stalled_past_its_lease_releases_its_rows_instead_of_sending_the
         users.matches("answered from the inbox").count(),
         0,
         "A never sent a row B was sending: no key reached Users twice"
+    );
+}
+
+/// The guard itself: a row whose lease still runs, but for less than a call may take
+/// (`--call-timeout`), is not sent. The relay (5 s lease, 3 s calls) stalls 2.5 s after
+/// its claim, so each row has 2.5 s left: it releases all four (counted `released`, the
+/// attempt handed back), claims them again with a fresh lease and sends each once. Both
+/// ways a row is sent are guarded: in a CreateUsers call (the default) and alone
+/// (`--rows-per-call 1`, as change rows are).
+async fn a_lease_with_less_left_than_a_call_may_take_sends_nothing(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    let stall = format!("{}=1*sleep(2500)", points::RELAY_AFTER_CLAIM);
+    for (round, rows_per_call) in [(1usize, "16"), (2, "1")] {
+        let students = (round - 1) * 4..round * 4;
+        stack.create_students(students.clone()).await;
+        stack.start_relay(
+            Some(&stall),
+            &[
+                "--lease",
+                "5s",
+                "--call-timeout",
+                "3s",
+                "--rows-per-call",
+                rows_per_call,
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ],
+        );
+        let relay_name = format!("relay-{round}");
+        let metrics = stack.metrics_addr(&relay_name).await;
+        stack
+            .wait_for_log_lines(&relay_name, "lease too short to send", 4)
+            .await;
+        stack.wait_until_all_linked(students.end as u64).await;
+        let relay = scrape(metrics).await;
+        assert_eq!(
+            sample(
+                &relay,
+                "relay_deliveries_total",
+                &[("effect", "create-user"), ("outcome", "released")],
+            ),
+            4.0,
+            "--rows-per-call {rows_per_call}: {relay}"
+        );
+        stack.kill_relays();
+    }
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 8).await;
+    let rows = stack.outbox_rows().await;
+    assert!(
+        rows.iter().all(|row| row.attempts == 1),
+        "the released claims used no attempt: {rows:?}"
+    );
+    assert_eq!(
+        stack
+            .log_of("users-svc")
+            .matches("answered from the inbox")
+            .count(),
+        0,
+        "each key reached Users once"
     );
 }
