@@ -185,6 +185,11 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         3.0,
         "{relay}"
     );
+    // Each link took some time: a latency stuck at 0 would still count three.
+    assert!(
+        sample(&relay, "outbox_link_latency_seconds_sum", &[]) > 0.0,
+        "{relay}"
+    );
     eventually(
         "the outbox gauges show three done rows",
         LINK_DEADLINE,
@@ -617,7 +622,10 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
-    // Users keeps keys for two seconds and says at start-up that this is short.
+    // Users keeps keys for two seconds and says at start-up that this is short (its
+    // first start, with the default 30 days, did not).
+    const SHORT: &str = "the inbox retention is shorter than a relay's default retry window";
+    assert_eq!(stack.log_of("users-svc").matches(SHORT).count(), 0);
     stack
         .restart_users_with(
             None,
@@ -631,13 +639,7 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
             ],
         )
         .await;
-    stack
-        .wait_for_log_lines(
-            "users-svc",
-            "the inbox retention is shorter than a relay's default retry window",
-            1,
-        )
-        .await;
+    stack.wait_for_log_lines("users-svc", SHORT, 1).await;
 
     // Two students linked (done rows), one failed (rejected), one pending (no relay).
     stack.create_students(0..2).await;
