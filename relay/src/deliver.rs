@@ -135,6 +135,25 @@ impl Relay {
         Ok(released)
     }
 
+    /// Whether a call started now ends (within --call-timeout) before `lease_ends`. Never
+    /// start a send the lease cannot cover: if the call could still be running when the
+    /// lease ends, another relay could claim and send the row at the same time, burning an
+    /// attempt. The row is given back instead ([`Relay::unsent_for_its_lease`]).
+    pub(crate) fn lease_covers_a_call(&self, lease_ends: Instant) -> bool {
+        Instant::now() + self.config.call_timeout < lease_ends
+    }
+
+    /// `row` not sent because its lease is too short: logged, counted `released`, and
+    /// answered unsent, so that it goes back to `pending` at once.
+    pub(crate) fn unsent_for_its_lease(row: &outbox_row::Model) -> (Delivery, i64) {
+        tracing::warn!(
+            outbox_id = row.id,
+            "lease too short to send before it ends; releasing the row"
+        );
+        metrics::delivery(&row.effect_type, Outcome::Released);
+        (Delivery::Unsent, row.id)
+    }
+
     /// How many rows one claim takes: no more than can be sent at once. A row claimed
     /// beyond the free call slots would wait for one while its lease runs, and could be
     /// sent after the lease ran out, when another relay may already be sending it.
@@ -191,16 +210,8 @@ impl Relay {
         trace: TraceContext,
     ) -> anyhow::Result<(Delivery, i64)> {
         let id = row.id;
-        // Never start a send the lease cannot cover: if the call could still be running
-        // when the lease ends, another relay could claim and send the row at the same
-        // time, burning an attempt. Give the row back instead.
-        if Instant::now() + self.config.call_timeout >= lease_ends {
-            tracing::warn!(
-                outbox_id = id,
-                "lease too short to send before it ends; releasing the row"
-            );
-            metrics::delivery(&row.effect_type, Outcome::Released);
-            return Ok((Delivery::Unsent, id));
+        if !self.lease_covers_a_call(lease_ends) {
+            return Ok(Self::unsent_for_its_lease(&row));
         }
         let effect = row.effect_type.clone();
         let delivery = self.deliver(row, trace, lease_ends).await?;

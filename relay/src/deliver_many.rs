@@ -78,20 +78,11 @@ impl Relay {
     ) -> Vec<RowResult> {
         let traced: Vec<_> = creations.iter().map(|(row, _)| row_trace(row)).collect();
         // As for a single row (`send_traced`): never start a call the lease cannot cover.
-        if Instant::now() + self.config.call_timeout >= lease_ends {
+        if !self.lease_covers_a_call(lease_ends) {
             return creations
                 .iter()
                 .zip(traced)
-                .map(|((row, _), (_, span))| {
-                    span.in_scope(|| {
-                        tracing::warn!(
-                            outbox_id = row.id,
-                            "lease too short to send before it ends; releasing the row"
-                        );
-                    });
-                    metrics::delivery(&row.effect_type, metrics::Outcome::Released);
-                    Ok((Delivery::Unsent, row.id))
-                })
+                .map(|((row, _), (_, span))| Ok(span.in_scope(|| Relay::unsent_for_its_lease(row))))
                 .collect();
         }
         let items: Vec<_> = creations
