@@ -88,3 +88,76 @@ pub fn describe() {
     );
     metrics::describe_counter!(COMMITTED, "Students written by those transactions, by path");
 }
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use platform::db::now;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn new_student(n: usize, document_number: &str) -> NewStudentRow {
+        NewStudentRow {
+            id: Uuid::now_v7(),
+            first_name: format!("First{n}"),
+            last_name: "Last".into(),
+            email: format!("student{n}@example.com"),
+            document_number: document_number.into(),
+            client_key: None,
+            request_hash: format!("hash-{n}"),
+            created_at: now(),
+            traceparent: String::new(),
+        }
+    }
+
+    /// Writes `news` as one group; returns the path it took and what the counters say
+    /// of it (a recorder of its own, as Prometheus text).
+    async fn counted(db: &DatabaseConnection, news: Vec<NewStudentRow>) -> (CommitPath, String) {
+        let (path, outcomes) = store::create_each(db, &RelayBell::silent(), news).await;
+        let recorder = PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || count_commits(path, &outcomes));
+        (path, recorder.handle().render())
+    }
+
+    /// The counters say how many transactions committed, not how many groups: a group
+    /// written together is one, a group written one by one (after two of its students
+    /// turned out to share a document number) is one per student written, and the
+    /// refused student is in neither count.
+    #[tokio::test]
+    async fn commits_are_counted_per_transaction_on_each_path() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("student.db").display()
+        );
+        let db = crate::open_database(&url, 4).await.expect("open");
+
+        let (path, text) = counted(&db, vec![new_student(1, "D1"), new_student(2, "D2")]).await;
+        assert_eq!(path, CommitPath::Together);
+        assert!(
+            text.contains("student_create_commits_total{path=\"together\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("student_create_committed_total{path=\"together\"} 2\n"),
+            "{text}"
+        );
+
+        let group = vec![
+            new_student(3, "D3"),
+            new_student(4, "D3"),
+            new_student(5, "D5"),
+        ];
+        let (path, text) = counted(&db, group).await;
+        assert_eq!(path, CommitPath::Each);
+        assert!(
+            text.contains("student_create_commits_total{path=\"each\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("student_create_committed_total{path=\"each\"} 2\n"),
+            "{text}"
+        );
+    }
+}

@@ -28,6 +28,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a backlog of a few hundred students may take to drain on a loaded CI machine.
 pub const LINK_DEADLINE: Duration = Duration::from_secs(90);
 
+/// What a relay logs while the Student DB has no schema yet.
+const RELAY_WAITS_FOR_THE_SCHEMA: &str = "student-svc has not created the Student DB schema yet";
+
 /// Short leases and deadlines, so crash recovery takes seconds in tests.
 pub const RELAY_TUNING: &[&str] = &[
     "--poll-interval",
@@ -86,8 +89,8 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Starts Users, then one relay (before the Student DB has a schema: it must wait),
-    /// then Student; returns once both services are healthy.
+    /// Starts Users, then one relay (before the Student DB has a schema: it must say it
+    /// waits), then Student; returns once both services are healthy.
     pub async fn start(backend: Backend) -> Option<Self> {
         Self::start_logging(backend, "info").await
     }
@@ -117,6 +120,10 @@ impl Stack {
             None,
             extra,
         );
+        // The README's "the three binaries start in any order": the relay is running, and
+        // waits, before the Student DB has a schema (a relay that went on to claim would
+        // not say this, and its claims would fail).
+        wait_for_log_lines(&dbs, "relay-0", RELAY_WAITS_FOR_THE_SCHEMA, 1).await;
         let student =
             start_service(&dbs, log_filter, "student-svc", &student_proxy, None, extra).await;
         let student_db = platform::db::connect(&dbs.student_url)
@@ -504,21 +511,13 @@ impl Stack {
 
     /// What `name` (`users-svc`, `student-svc`, `relay-N`) logged so far.
     pub fn log_of(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dbs.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+        log_of(&self.dbs, name)
     }
 
     /// Waits until the log of `name` holds `count` lines containing `needle` (log lines
     /// reach the file a moment after what they describe reached the database).
     pub async fn wait_for_log_lines(&self, name: &str, needle: &str, count: usize) -> String {
-        super::eventually(
-            &format!("{count} lines with {needle:?} in {name}.log"),
-            LINK_DEADLINE,
-            || async {
-                let log = self.log_of(name);
-                (log.lines().filter(|line| line.contains(needle)).count() >= count).then_some(log)
-            },
-        )
-        .await
+        wait_for_log_lines(&self.dbs, name, needle, count).await
     }
 
     /// Where `name` (`users-svc`, `student-svc`, `relay-N`) serves its metrics: the address
@@ -614,6 +613,24 @@ async fn start_service(
         .unwrap_or_else(|err| panic!("{name} healthy: {err:#}"));
     proxy.set_backend(addr, process.pid());
     process
+}
+
+/// What `name` logged so far in `dbs`' directory.
+fn log_of(dbs: &TestDatabases, name: &str) -> String {
+    std::fs::read_to_string(dbs.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+}
+
+/// See [`Stack::wait_for_log_lines`].
+async fn wait_for_log_lines(dbs: &TestDatabases, name: &str, needle: &str, count: usize) -> String {
+    super::eventually(
+        &format!("{count} lines with {needle:?} in {name}.log"),
+        LINK_DEADLINE,
+        || async {
+            let log = log_of(dbs, name);
+            (log.lines().filter(|line| line.contains(needle)).count() >= count).then_some(log)
+        },
+    )
+    .await
 }
 
 fn spawn_relay(
