@@ -357,6 +357,11 @@ async fn users_crash_before_commit_rolls_back_and_the_retry_creates_once(backend
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     stack.assert_audit_clean(1);
+    let attempts = stack.outbox_rows().await[0].attempts;
+    assert!(
+        attempts >= 2,
+        "the call Users died in was sent again: {attempts}"
+    );
 }
 
 async fn users_crash_after_commit_is_answered_from_the_inbox(backend: Backend) {

@@ -544,6 +544,9 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
         (users_svc(&["inbox", "purge"]), "users-svc"),
         (relay(&["status"]), "student-svc"),
         (relay(&["purge"]), "student-svc"),
+        (relay(&["replay", "--all"]), "student-svc"),
+        (relay(&["audit"]), "student-svc"),
+        (relay(&["retry-failed", "--all"]), "student-svc"),
         (
             relay(&["show", "--student", &uuid::Uuid::nil().to_string()]),
             "student-svc",

@@ -339,6 +339,29 @@ async fn an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never
         1
     );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+
+    // The row is done now: `--id` naming it names no failed row, an error (exit 2) that
+    // changes nothing.
+    let done = rows(&app).await.remove(0);
+    let mut out = Vec::new();
+    let summary = retry_failed::retry_failed(
+        &app.student_db,
+        &app.relay().users,
+        retry_failed::Selection::Id(failed.id),
+        true,
+        &mut out,
+    )
+    .await
+    .expect("retry");
+    assert_eq!(summary.exit_code(), 2);
+    assert_eq!(
+        String::from_utf8(out).expect("utf-8"),
+        format!(
+            "no failed outbox row has id {}\nrequeued=0 linked=0 skipped=0 errors=1\n",
+            failed.id
+        )
+    );
+    assert_eq!(rows(&app).await.remove(0), done, "unchanged");
 }
 
 async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend) {

@@ -538,6 +538,23 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
         String::from_utf8(out).expect("utf-8"),
         "no delivered outbox row matches --key nope\nreplayed=0 matched=0 mismatched=0 errors=1\n"
     );
+    let stranger = Uuid::now_v7();
+    let mut out = Vec::new();
+    let summary = replay::replay(
+        &app.student_db,
+        &relay.users,
+        &replay::Selection::Student(stranger),
+        &mut out,
+    )
+    .await
+    .expect("replay");
+    assert_eq!(summary.exit_code(), 2);
+    assert_eq!(
+        String::from_utf8(out).expect("utf-8"),
+        format!(
+            "no delivered outbox row matches --student {stranger}\nreplayed=0 matched=0 mismatched=0 errors=1\n"
+        )
+    );
 }
 
 async fn status_counts_rows_per_status(backend: Backend) {

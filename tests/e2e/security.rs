@@ -6,7 +6,10 @@ use std::time::Duration;
 use devstack::Process;
 use proto::{
     student::v1::student_service_client::StudentServiceClient,
-    users::v1::users_service_client::UsersServiceClient,
+    users::v1::{
+        CreateUserRequest, CreateUsersRequest, DisableUserRequest, GetUserRequest,
+        UpdateUserRequest, users_service_client::UsersServiceClient,
+    },
 };
 use relay::{
     BatchOutcome, Relay,
@@ -17,6 +20,10 @@ use student_store::entity::outbox::{self, OutboxStatus};
 use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+use tonic_reflection::pb::v1::{
+    ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+    server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
 };
 
 use crate::{
@@ -36,7 +43,7 @@ on_both_backends!(
     a_tls_relay_with_the_token_delivers_end_to_end,
     a_plaintext_client_is_refused_by_a_tls_server,
     a_relay_that_does_not_trust_the_ca_keeps_the_row_pending,
-    calls_without_the_token_are_unauthenticated_while_health_stays_open,
+    calls_without_the_token_are_unauthenticated_while_health_and_reflection_stay_open,
     the_binaries_take_tls_and_the_token_from_their_environment,
     a_token_rotation_under_a_pending_backlog_fails_no_row,
     no_email_or_document_number_reaches_any_log,
@@ -155,21 +162,40 @@ async fn a_relay_that_does_not_trust_the_ca_keeps_the_row_pending(backend: Backe
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
 }
 
-async fn calls_without_the_token_are_unauthenticated_while_health_stays_open(backend: Backend) {
+async fn calls_without_the_token_are_unauthenticated_while_health_and_reflection_stay_open(
+    backend: Backend,
+) {
     let Some((app, pki)) = secured_app(backend).await else {
         return;
     };
+    // Every Users method, refused before anything reads the request (these are empty).
     let mut anonymous = UsersServiceClient::new(channel(app.users_addr, Some(&pki)));
-    let status = anonymous
-        .get_user(proto::users::v1::GetUserRequest {
-            id: uuid::Uuid::now_v7().to_string(),
-        })
-        .await
-        .expect_err("no token");
-    assert_eq!(
-        (status.code(), status.message()),
-        (Code::Unauthenticated, "missing or invalid bearer token")
-    );
+    let refusals = [
+        anonymous
+            .create_user(CreateUserRequest::default())
+            .await
+            .err(),
+        anonymous
+            .create_users(CreateUsersRequest::default())
+            .await
+            .err(),
+        anonymous.get_user(GetUserRequest::default()).await.err(),
+        anonymous
+            .update_user(UpdateUserRequest::default())
+            .await
+            .err(),
+        anonymous
+            .disable_user(DisableUserRequest::default())
+            .await
+            .err(),
+    ];
+    for status in refusals {
+        let status = status.expect("no token: refused");
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::Unauthenticated, "missing or invalid bearer token")
+        );
+    }
 
     // A relay with the wrong token: UNAUTHENTICATED says nothing about the operation (the
     // request never reached the inbox), so the row is retried, not failed.
@@ -207,6 +233,29 @@ async fn calls_without_the_token_are_unauthenticated_while_health_stays_open(bac
         .await
         .expect("health needs no token");
     assert_eq!(health.into_inner().status(), ServingStatus::Serving);
+
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let answer = ServerReflectionClient::new(channel(app.users_addr, Some(&pki)))
+        .server_reflection_info(futures::stream::iter([request]))
+        .await
+        .expect("reflection needs no token")
+        .into_inner()
+        .message()
+        .await
+        .expect("answer")
+        .and_then(|answer| answer.message_response);
+    let Some(MessageResponse::ListServicesResponse(list)) = answer else {
+        panic!("unexpected reflection answer {answer:?}");
+    };
+    assert!(
+        list.service
+            .iter()
+            .any(|service| service.name == "users.v1.UsersService"),
+        "{list:?}"
+    );
 }
 
 async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Backend) {

@@ -262,6 +262,43 @@ mod tests {
         assert_ne!(base.request_hash(), disable.request_hash());
     }
 
+    /// The layouts the README documents, field by field; a reordered field or a renamed
+    /// tag would make every stored fingerprint look like another request after an upgrade.
+    #[test]
+    fn the_fingerprints_are_the_documented_layouts() {
+        let student_id = "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a";
+        let layout = |fields: &[&str]| {
+            fields
+                .iter()
+                .fold(Fingerprint::new(), |fingerprint, field| {
+                    fingerprint.field(field)
+                })
+                .finish()
+        };
+        let update = UserChange::try_from(update()).expect("valid");
+        assert_eq!(
+            update.request_hash(),
+            layout(&[
+                "update-user",
+                student_id,
+                "Ana",
+                "Gómez",
+                "ana.gomez@example.edu",
+                "2"
+            ])
+        );
+        let disable = UserChange::try_from(DisableUserRequest {
+            idempotency_key: "k-1".into(),
+            student_id: student_id.to_uppercase(),
+            source_version: 12,
+        })
+        .expect("valid");
+        assert_eq!(
+            disable.request_hash(),
+            layout(&["disable-user", student_id, "12"])
+        );
+    }
+
     #[test]
     fn version_one_and_below_are_named() {
         for version in [0, 1, u64::MAX] {
