@@ -19,6 +19,7 @@ use crate::{
 on_both_backends!(
     rows_written_before_the_lifecycle_migrations_keep_their_meaning,
     an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved,
+    a_users_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved,
 );
 
 /// The Student DB's migrations up to (and including) the fifth, the schema before
@@ -29,13 +30,14 @@ const BEFORE: u32 = 5;
 /// earlier version. In one transaction, as the services apply migrations (on SQLite the
 /// schema changes must not be spread over the pool's connections).
 async fn student_db_at(dbs: &TestDatabases, applied: u32) -> DatabaseConnection {
-    let db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("connect");
+    db_at::<migrations::student::Migrator>(&dbs.student_url, applied).await
+}
+
+/// The database at `url` with the first `applied` migrations of `M`.
+async fn db_at<M: MigratorTrait>(url: &str, applied: u32) -> DatabaseConnection {
+    let db = platform::db::connect(url).await.expect("connect");
     let txn = db.begin().await.expect("begin");
-    migrations::student::Migrator::up(&txn, Some(applied))
-        .await
-        .expect("the older schema");
+    M::up(&txn, Some(applied)).await.expect("the older schema");
     txn.commit().await.expect("commit");
     db
 }
@@ -175,11 +177,30 @@ async fn old_student(
     db.execute(&insert).await.map(|_| ())
 }
 
-async fn applied_migrations(db: &DatabaseConnection) -> usize {
-    migrations::student::Migrator::get_applied_migrations(db)
+async fn applied_migrations<M: MigratorTrait>(db: &DatabaseConnection) -> usize {
+    M::get_applied_migrations(db)
         .await
         .expect("read the applied migrations")
         .len()
+}
+
+/// Starts `binary` (a service) on `database_url` and waits for it to stop instead of
+/// serving, as it must when its migrations fail; returns what it logged.
+fn a_start_that_stops(dbs: &TestDatabases, binary: &str, database_url: &str) -> String {
+    let log = dbs.dir.path().join(format!("{binary}.log"));
+    let mut service = devstack::Process::spawn_isolated(
+        &binaries().join(binary),
+        &["--listen", "127.0.0.1:0", "--database-url", database_url].map(str::to_owned),
+        &[],
+        &log,
+    )
+    .unwrap_or_else(|err| panic!("start {binary}: {err:#}"));
+    let status = service
+        .wait_timeout(Duration::from_secs(60))
+        .expect("wait")
+        .unwrap_or_else(|| panic!("{binary} stops instead of serving"));
+    assert!(!status.success(), "{status}");
+    std::fs::read_to_string(&log).expect("its log")
 }
 
 /// README: the case-insensitive migration fails while two document numbers differ only in
@@ -199,26 +220,7 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
         .expect("allowed by the old schema");
 
     // student-svc, started on it, stops with the database's refusal.
-    let log = dbs.dir.path().join("student-svc.log");
-    let mut service = devstack::Process::spawn_isolated(
-        &binaries().join("student-svc"),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &dbs.student_url,
-        ]
-        .map(str::to_owned),
-        &[],
-        &log,
-    )
-    .expect("start student-svc");
-    let status = service
-        .wait_timeout(Duration::from_secs(60))
-        .expect("wait")
-        .expect("student-svc stops instead of serving");
-    assert!(!status.success(), "{status}");
-    let logged = std::fs::read_to_string(&log).expect("its log");
+    let logged = a_start_that_stops(&dbs, "student-svc", &dbs.student_url);
     assert!(logged.contains("students_document_number_key"), "{logged}");
 
     let refused =
@@ -231,7 +233,7 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
         "{refused}"
     );
     assert_eq!(
-        applied_migrations(&db).await,
+        applied_migrations::<migrations::student::Migrator>(&db).await,
         BEFORE_CASE_INSENSITIVE as usize
     );
     assert!(
@@ -260,7 +262,7 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
         .await
         .expect("the upgrade, once the rows allow it");
     assert_eq!(
-        applied_migrations(&db).await,
+        applied_migrations::<migrations::student::Migrator>(&db).await,
         migrations::student::Migrator::migrations().len()
     );
     old_student(&db, Uuid::now_v7(), "EF-3003", None)
@@ -272,5 +274,105 @@ async fn an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(back
             .is_err(),
         "unique ignoring case"
     );
+    db.close().await.ok();
+}
+
+/// The Users DB's migrations before the one that makes document numbers of enabled users
+/// unique ignoring case.
+const USERS_BEFORE_CASE_INSENSITIVE: u32 = 2;
+
+/// Writes an `enabled` user with `document_number`, as the Users DB's first schema allows.
+async fn old_user(
+    db: &impl ConnectionTrait,
+    document_number: &str,
+    enabled: bool,
+) -> Result<(), sea_orm::DbErr> {
+    let insert = Query::insert()
+        .into_table(Alias::new("users"))
+        .columns(
+            [
+                "id",
+                "email",
+                "first_name",
+                "last_name",
+                "document_number",
+                "student_id",
+                "enabled",
+                "created_at",
+            ]
+            .map(Alias::new),
+        )
+        .values_panic([
+            Uuid::now_v7().into(),
+            "ana@example.edu".into(),
+            "Ana".into(),
+            "Pérez".into(),
+            document_number.into(),
+            Uuid::now_v7().into(),
+            enabled.into(),
+            platform::db::now().into(),
+        ])
+        .to_owned();
+    db.execute(&insert).await.map(|_| ())
+}
+
+/// The same as [`an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved`] for
+/// the Users DB, whose rule holds among *enabled* users: two enabled users whose numbers
+/// differ only in case stop users-svc and change nothing; disabling one resolves it.
+async fn a_users_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved(backend: Backend) {
+    type Users = migrations::users::Migrator;
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let db = db_at::<Users>(&dbs.users_url, USERS_BEFORE_CASE_INSENSITIVE).await;
+    old_user(&db, "ab-1001", true).await.expect("a user");
+    old_user(&db, "AB-1001", true)
+        .await
+        .expect("allowed by the old schema");
+
+    let logged = a_start_that_stops(&dbs, "users-svc", &dbs.users_url);
+    assert!(
+        logged.contains("users_enabled_document_number_key"),
+        "{logged}"
+    );
+    let refused = migrations::apply::<Users>(&db, migrations::USERS_LOCK_ID)
+        .await
+        .expect_err("two enabled numbers that differ only in case");
+    assert!(
+        refused
+            .to_string()
+            .contains("users_enabled_document_number_key"),
+        "{refused}"
+    );
+    assert_eq!(
+        applied_migrations::<Users>(&db).await,
+        USERS_BEFORE_CASE_INSENSITIVE as usize
+    );
+    old_user(&db, "CD-2002", true).await.expect("a user");
+    old_user(&db, "cd-2002", true)
+        .await
+        .expect("still the old rule");
+
+    // Resolved: one user of each pair disabled (a disabled user keeps its number).
+    db.execute_unprepared(
+        "UPDATE users SET enabled = FALSE WHERE document_number IN ('AB-1001', 'cd-2002')",
+    )
+    .await
+    .expect("resolve");
+    migrations::apply::<Users>(&db, migrations::USERS_LOCK_ID)
+        .await
+        .expect("the upgrade, once the rows allow it");
+    assert_eq!(
+        applied_migrations::<Users>(&db).await,
+        Users::migrations().len()
+    );
+    old_user(&db, "EF-3003", true).await.expect("a user");
+    assert!(
+        old_user(&db, "ef-3003", true).await.is_err(),
+        "unique ignoring case among enabled users"
+    );
+    old_user(&db, "ef-3003", false)
+        .await
+        .expect("a disabled user may share it");
     db.close().await.ok();
 }
