@@ -18,6 +18,7 @@ use crate::{
         invariants::{
             assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
         },
+        metrics::{sample, scrape},
         stack::{LINK_DEADLINE, Stack},
         student_request,
     },
@@ -511,9 +512,10 @@ async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend
     stack.kill_relays();
     // Relay A (relay-1) gets Users' answer, then stalls for twice its lease before
     // recording it.
+    const METRICS: [&str; 2] = ["--metrics-addr", "127.0.0.1:0"];
     stack.start_relay(
         Some(&armed(points::RELAY_BEFORE_FINALIZE, "1*sleep(4000)")),
-        &[],
+        &METRICS,
     );
     stack.create_students(0..1).await;
     eventually("relay A has Users' answer", LINK_DEADLINE, || async {
@@ -525,7 +527,7 @@ async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend
     // loop (a claim whose lease ran out is anyone's), delivered (the inbox answers) and
     // linked. Then A's first delivery wakes up: its claim is gone (the row's attempts moved
     // on), so its finalize loses and changes nothing.
-    stack.start_relay(None, &[]);
+    stack.start_relay(None, &METRICS);
     stack.wait_until_all_linked(1).await;
     let linked = stack.outbox_rows().await.remove(0);
     let relay_a = stack
@@ -551,6 +553,30 @@ async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend
     let row = stack.outbox_rows().await.remove(0);
     assert_eq!(row, linked, "A's late finalize changed nothing");
     assert_eq!((row.status, row.attempts), (OutboxStatus::Done, 2));
+
+    // And the relays' metrics say so: A's late finalize counted as superseded (just after
+    // its log line), one row replayed by whichever relay sent it again, none linked afresh.
+    let (a_addr, b_addr) = (
+        stack.metrics_addr("relay-1").await,
+        stack.metrics_addr("relay-2").await,
+    );
+    let deliveries = |scrape: &str, outcome| {
+        let labels = [("effect", "create-user"), ("outcome", outcome)];
+        sample(scrape, "relay_deliveries_total", &labels)
+    };
+    let a = eventually("A's superseded delivery counted", LINK_DEADLINE, || async {
+        let a = scrape(a_addr).await;
+        (deliveries(&a, "superseded") > 0.0).then_some(a)
+    })
+    .await;
+    let b = scrape(b_addr).await;
+    let both = |outcome| deliveries(&a, outcome) + deliveries(&b, outcome);
+    assert_eq!(
+        (both("linked"), both("replayed"), both("superseded")),
+        (0.0, 1.0, 1.0),
+        "{a}\n{b}"
+    );
+    assert_eq!(deliveries(&a, "superseded"), 1.0, "{a}");
 }
 
 /// The first line of `log` containing `needle` (lines start with their UTC timestamp, so

@@ -428,6 +428,16 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
         1.0,
         "{users}"
     );
+    // Student 0's refusal was a rejection Users executed and saved: counted by its reason.
+    assert_eq!(
+        sample(
+            &users,
+            "users_rejected_total",
+            &[("reason", "DOCUMENT_NUMBER_TAKEN")]
+        ),
+        1.0,
+        "{users}"
+    );
 }
 
 /// SQLite has one write lock per file, which student-svc and the relays share: a writer

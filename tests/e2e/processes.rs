@@ -429,7 +429,15 @@ async fn a_request_past_the_server_timeout_is_cancelled_and_stores_nothing(backe
         would_commit_after.as_millis()
     );
     stack
-        .restart_users_with(Some(&slow), &["--request-timeout", "500ms"])
+        .restart_users_with(
+            Some(&slow),
+            &[
+                "--request-timeout",
+                "500ms",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ],
+        )
         .await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", stack.users_addr))
         .expect("endpoint")
@@ -458,6 +466,17 @@ async fn a_request_past_the_server_timeout_is_cancelled_and_stores_nothing(backe
     assert_eq!(users_and_inbox_rows(&stack.users_db).await, (0, 0));
     assert!(!stack.log_of("users-svc").contains("user created"));
     stack.assert_running();
+    // Counted by its code, as every call answered is.
+    let users = scrape(stack.metrics_addr("users-svc").await).await;
+    let handled = |code| {
+        let labels = [
+            ("grpc_service", "users.v1.UsersService"),
+            ("grpc_method", "CreateUser"),
+            ("grpc_code", code),
+        ];
+        sample(&users, "grpc_server_handled_total", &labels)
+    };
+    assert_eq!((handled("CANCELLED"), handled("OK")), (1.0, 0.0), "{users}");
 }
 
 async fn two_replicas_migrating_one_empty_database_at_once_both_serve(backend: Backend) {

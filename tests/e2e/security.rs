@@ -34,6 +34,7 @@ use crate::{
         certs::TestPki,
         eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
+        metrics::{sample, scrape},
         stack::{LINK_DEADLINE, Stack, binaries},
         student_request,
     },
@@ -426,7 +427,10 @@ async fn a_token_rotation_under_a_pending_backlog_fails_no_row(backend: Backend)
     // forgotten host) is refused. Its rows wait and retry; none fails.
     stack.kill_relays();
     stack
-        .restart_users_with(None, &["--auth-token", NEW_TOKEN])
+        .restart_users_with(
+            None,
+            &["--auth-token", NEW_TOKEN, "--metrics-addr", "127.0.0.1:0"],
+        )
         .await;
     stack.start_relay(None, &relay_token(OLD_TOKEN));
     stack.create_students(8..12).await;
@@ -461,6 +465,27 @@ async fn a_token_rotation_under_a_pending_backlog_fails_no_row(backend: Backend)
     );
     assert!(status.ends_with("retrying 4\nblocked 0\n"), "{status}");
     stack.wait_for_relay_log_lines("UNAUTHENTICATED", 1).await;
+    // Users counts each refusal under the reason `UsersRefusingToken` watches: one per
+    // call it answered UNAUTHENTICATED (a call may carry several rows), three at least.
+    let users = scrape(stack.metrics_addr("users-svc").await).await;
+    let refused_calls: f64 = ["CreateUser", "CreateUsers"]
+        .iter()
+        .map(|method| {
+            let labels = [
+                ("grpc_service", "users.v1.UsersService"),
+                ("grpc_method", method),
+                ("grpc_code", "UNAUTHENTICATED"),
+            ];
+            sample(&users, "grpc_server_handled_total", &labels)
+        })
+        .sum();
+    let rejected = sample(
+        &users,
+        "users_rejected_total",
+        &[("reason", "UNAUTHENTICATED")],
+    );
+    assert!(rejected >= 3.0, "{users}");
+    assert_eq!(rejected, refused_calls, "{users}");
 
     // Fixing the relay's token delivers them.
     stack.start_relay(None, &relay_token(NEW_TOKEN));

@@ -67,3 +67,79 @@ pub fn invalid<E>(err: E) -> E {
     rejected("INVALID_ARGUMENT");
     err
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::inbox::KeyAge;
+
+    /// Each thing the inbox can do with a keyed request lands under the `result` the
+    /// README's metrics table and the alert rules name, and each refusal under its reason.
+    #[test]
+    fn each_inbox_answer_is_counted_under_its_documented_result() {
+        let created = SavedOutcome::Created {
+            user_id: Uuid::nil(),
+        };
+        let taken = SavedOutcome::Rejected {
+            code: 6,
+            reason: "DOCUMENT_NUMBER_TAKEN".into(),
+            message: "document_number is already used".into(),
+        };
+        let answers = [
+            Ok(Answer {
+                outcome: created.clone(),
+                replayed: false,
+            }),
+            Ok(Answer {
+                outcome: taken.clone(),
+                replayed: false,
+            }),
+            Ok(Answer {
+                outcome: created,
+                replayed: true,
+            }),
+            // A saved rejection replayed is not refused again.
+            Ok(Answer {
+                outcome: taken,
+                replayed: true,
+            }),
+            Err(Error::KeyReused),
+            Err(Error::NotInInbox),
+            Err(Error::DeliveryExpired(KeyAge {
+                issued_at: platform::db::now(),
+                retention: Duration::from_secs(60),
+            })),
+        ];
+        let recorder = PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            for answer in &answers {
+                inbox_request("CreateUser", answer);
+            }
+        });
+        let text = recorder.handle().render();
+        for (result, count) in [
+            ("executed", 2),
+            ("replayed", 2),
+            ("key_reused", 1),
+            ("not_in_inbox", 1),
+            ("expired", 1),
+        ] {
+            let line =
+                format!("inbox_requests_total{{rpc=\"CreateUser\",result=\"{result}\"}} {count}\n");
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
+        for reason in [
+            "DOCUMENT_NUMBER_TAKEN",
+            "IDEMPOTENCY_KEY_REUSED",
+            "DELIVERY_EXPIRED",
+        ] {
+            let line = format!("users_rejected_total{{reason=\"{reason}\"}} 1\n");
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
+    }
+}
