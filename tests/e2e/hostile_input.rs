@@ -19,11 +19,12 @@ use proptest::{
 };
 use proto::{
     student::v1::{
-        CreateStudentRequest, GetStudentRequest, ListStudentsRequest, UpdateStudentRequest,
+        CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, ListStudentsRequest,
+        UpdateStudentRequest,
     },
     users::v1::{
-        CreateUserRequest, CreateUsersItem, CreateUsersRequest, GetUserRequest, UpdateUserRequest,
-        create_users_result::Outcome,
+        CreateUserRequest, CreateUsersItem, CreateUsersRequest, DisableUserRequest, GetUserRequest,
+        UpdateUserRequest, create_users_result::Outcome,
     },
 };
 use tonic::{Code, Status};
@@ -58,6 +59,7 @@ property_on_both_backends!(
     create_student_fields_are_accepted_or_named,
     update_student_fields_are_accepted_or_named,
     update_user_fields_are_accepted_or_named,
+    deactivate_student_and_disable_user_fields_are_accepted_or_named,
     lookup_ids_and_page_tokens_are_accepted_or_named,
 );
 
@@ -521,6 +523,112 @@ fn update_user_fields_are_accepted_or_named(backend: Backend) {
             })
         },
     );
+}
+
+/// DeactivateStudent (`id`, `idempotency_key`) and DisableUser (`student_id`,
+/// `idempotency_key`), each on a student or user of its own made for the case: a hostile
+/// id is refused naming it, or is a well-formed id of nobody (NOT_FOUND); a hostile key is
+/// refused naming it, or works, once (a key seen before came with another id).
+fn deactivate_student_and_disable_user_fields_are_accepted_or_named(backend: Backend) {
+    let keys = Arc::new(Mutex::new(HashSet::new()));
+    run_property(backend, (0..4usize, hostile()), |app, (field, value), n| {
+        let keys = keys.clone();
+        Box::pin(async move {
+            let spoil_id = field % 2 == 0;
+            let (answer, named, key, stored) = if field < 2 {
+                let student = app
+                    .student
+                    .clone()
+                    .create_student(student_request(n))
+                    .await
+                    .map_err(|status| TestCaseError::fail(format!("create: {status:?}")))?
+                    .into_inner();
+                let request = DeactivateStudentRequest {
+                    id: if spoil_id { value.clone() } else { student.id },
+                    idempotency_key: Some(if spoil_id {
+                        format!("prop-deactivate-{n}")
+                    } else {
+                        value.clone()
+                    }),
+                };
+                let key = request.idempotency_key.clone().unwrap_or_default();
+                let before = students_and_outbox_rows(&app.student_db).await;
+                let answer = app.student.clone().deactivate_student(request).await;
+                let after = students_and_outbox_rows(&app.student_db).await;
+                let answer = answer.map(|student| !student.into_inner().active);
+                let name = if spoil_id { "id" } else { "idempotency_key" };
+                (answer, name, key, (after.0 - before.0, after.1 - before.1))
+            } else {
+                let student_id = uuid::Uuid::now_v7().to_string();
+                app.users
+                    .clone()
+                    .create_user(CreateUserRequest {
+                        idempotency_key: format!("prop-create-{n}"),
+                        document_number: format!("DOC-D{n}"),
+                        student_id: student_id.clone(),
+                        ..valid_user(n)
+                    })
+                    .await
+                    .map_err(|status| TestCaseError::fail(format!("create: {status:?}")))?;
+                let request = DisableUserRequest {
+                    idempotency_key: if spoil_id {
+                        format!("prop-disable-{n}")
+                    } else {
+                        value.clone()
+                    },
+                    student_id: if spoil_id { value.clone() } else { student_id },
+                    source_version: 2,
+                };
+                let key = request.idempotency_key.clone();
+                let before = users_and_inbox_rows(&app.users_db).await;
+                let answer = app.users.clone().disable_user(request).await;
+                let after = users_and_inbox_rows(&app.users_db).await;
+                let answer = answer.map(|disabled| disabled.into_inner().applied);
+                let name = if spoil_id {
+                    "student_id"
+                } else {
+                    "idempotency_key"
+                };
+                (answer, name, key, (after.0 - before.0, after.1 - before.1))
+            };
+            // A deactivation writes one outbox row; a disable one inbox row.
+            let one_row = (0, 1);
+            match answer {
+                Ok(done) => {
+                    prop_assert!(done, "deactivated or disabled");
+                    prop_assert_eq!(stored, one_row);
+                    // Accepted as the README's rule has it: 1–128 of [A-Za-z0-9._:-].
+                    let key_rule = |c: char| c.is_ascii_alphanumeric() || "._:-".contains(c);
+                    prop_assert!(
+                        (1..=128).contains(&key.len()) && key.chars().all(key_rule),
+                        "{:?}",
+                        key
+                    );
+                    prop_assert!(
+                        keys.lock().expect("lock").insert((field, key)),
+                        "a key seen before would be another request"
+                    );
+                }
+                Err(status) if status.code() == Code::InvalidArgument => {
+                    names_field(&status, named)?;
+                    prop_assert_eq!(stored, (0, 0), "nothing stored");
+                }
+                Err(status) if spoil_id && status.code() == Code::NotFound => {
+                    prop_assert!(uuid::Uuid::try_parse(&value).is_ok(), "{:?}", value);
+                    prop_assert_eq!(stored, (0, 0));
+                }
+                Err(status)
+                    if !spoil_id
+                        && status.code() == Code::FailedPrecondition
+                        && keys.lock().expect("lock").contains(&(field, key.clone())) =>
+                {
+                    prop_assert_eq!(stored, (0, 0));
+                }
+                Err(status) => prop_assert!(false, "unexpected answer {:?}", status),
+            }
+            Ok(())
+        })
+    });
 }
 
 fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
