@@ -15,7 +15,7 @@ use tonic_health::pb::{
 use crate::{
     on_both_backends,
     support::{
-        Backend, TestDatabases, eventually,
+        Backend, TestDatabases, conflicting_user_request, eventually,
         invariants::{
             assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
         },
@@ -39,6 +39,7 @@ on_both_backends!(
     calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
     a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt,
     every_binary_runs_on_one_thread,
+    rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_line,
     waiting_create_user_rows_go_to_users_many_to_a_call,
 );
 
@@ -195,6 +196,66 @@ async fn every_binary_runs_on_one_thread(backend: Backend) {
         let mut expected = [name, "tokio-rt-worker", "tokio-rt-worker"];
         expected.sort();
         assert_eq!(threads, expected, "threads of {name}");
+    }
+}
+
+/// README: `RUST_LOG` defaults to `info`; `RUST_LOG=warn,listening=info` keeps each
+/// service's `addr=` line (what devstack and loadgen read to find a service on port 0)
+/// and quiets every other info line, such as each user's `user created`.
+async fn rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_line(
+    backend: Backend,
+) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let quiet = [("RUST_LOG".to_owned(), "warn,listening=info".to_owned())];
+    for (n, env) in [&[][..], &quiet[..]].into_iter().enumerate() {
+        let log = dbs.dir.path().join(format!("users-svc-{n}.log"));
+        let args = ["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url];
+        let mut users = Process::spawn_isolated(
+            &binaries().join("users-svc"),
+            &args.map(str::to_owned),
+            env,
+            &log,
+        )
+        .expect("start users-svc");
+        let addr = users
+            .listening_addr(Duration::from_secs(30))
+            .expect("the addr= line");
+        wait_until_serving(addr, "users.v1.UsersService", Duration::from_secs(30))
+            .await
+            .expect("serving");
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_lazy();
+        proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+            .create_user(conflicting_user_request(n))
+            .await
+            .expect("created");
+        users
+            .signal(nix::sys::signal::Signal::SIGTERM)
+            .expect("SIGTERM");
+        let status = users
+            .wait_timeout(Duration::from_secs(30))
+            .expect("wait")
+            .expect("users-svc stops");
+        assert!(status.success(), "{status}");
+        let logged = std::fs::read_to_string(&log).expect("its log");
+        let info: Vec<&str> = logged
+            .lines()
+            .filter(|line| line.contains(" INFO "))
+            .collect();
+        if env.is_empty() {
+            assert!(
+                info.iter().any(|line| line.contains("user created")),
+                "{logged}"
+            );
+        } else {
+            assert!(
+                info.len() == 1 && info[0].contains(" listening: users-svc listening addr="),
+                "{logged}"
+            );
+        }
     }
 }
 
