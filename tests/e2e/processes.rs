@@ -144,6 +144,64 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
             links[&row.aggregate_id]
         )
     );
+    // A change's saved answer, and a saved rejection (code, reason, message: no value
+    // of the request).
+    let user_id = links[&row.aggregate_id];
+    let applied = stack
+        .users_client()
+        .update_user(proto::users::v1::UpdateUserRequest {
+            idempotency_key: "show-update".into(),
+            student_id: student.clone(),
+            first_name: "Renamed".into(),
+            last_name: "Person".into(),
+            email: "renamed@example.edu".into(),
+            source_version: 2,
+        })
+        .await
+        .expect("applied")
+        .into_inner();
+    assert!(applied.applied);
+    let rejected = stack
+        .users_client()
+        .create_user(conflicting_user_request(0))
+        .await
+        .expect_err("student 0's document number is taken");
+    assert_eq!(rejected.code(), tonic::Code::AlreadyExists);
+    let result_of = |key: &str| {
+        let inbox = stack.users_command(&["inbox", "show", "--key", key]);
+        let saved = String::from_utf8_lossy(&inbox.stdout).into_owned();
+        assert_eq!(inbox.status.code(), Some(0), "{saved}");
+        let result = saved
+            .lines()
+            .find_map(|line| line.strip_prefix("result "))
+            .unwrap_or_else(|| panic!("no result in {saved}"));
+        serde_json::from_str::<serde_json::Value>(result).expect("a JSON result")
+    };
+    assert_eq!(
+        result_of("show-update"),
+        serde_json::json!({"outcome": "applied", "user_id": user_id, "applied": true})
+    );
+    let rejection = result_of(&conflicting_user_request(0).idempotency_key);
+    assert_eq!(
+        (
+            &rejection["outcome"],
+            &rejection["code"],
+            &rejection["reason"]
+        ),
+        (
+            &serde_json::json!("rejected"),
+            &serde_json::json!(tonic::Code::AlreadyExists as i32),
+            &serde_json::json!("DOCUMENT_NUMBER_TAKEN")
+        ),
+        "{rejection}"
+    );
+    let message = rejection["message"].as_str().expect("a message");
+    let document_number = crate::support::student_request(0).document_number;
+    assert!(
+        !message.is_empty() && !message.contains(&document_number) && !message.contains('@'),
+        "names no value of the request: {message}"
+    );
+
     // Nothing to show is the answer "no" (exit 1), not an error (2).
     let inbox = stack.users_command(&["inbox", "show", "--key", "never-sent"]);
     assert_eq!(inbox.status.code(), Some(1));

@@ -202,6 +202,11 @@ async fn change_keys_follow_the_inbox_rules(backend: Backend) {
         .await
         .expect_err("no user");
     assert_eq!(reason(&status), (Code::NotFound, "USER_NOT_FOUND".into()));
+    let status = users
+        .disable_user(disable("early-disable", 3))
+        .await
+        .expect_err("no user");
+    assert_eq!(reason(&status), (Code::NotFound, "USER_NOT_FOUND".into()));
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
     create_user(&app).await;
     assert!(
