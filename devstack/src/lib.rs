@@ -24,7 +24,7 @@ use tonic_health::pb::{
 /// The binaries of the system.
 pub const BINARIES: [&str; 3] = ["student-svc", "users-svc", "relay"];
 
-/// Builds the three binaries with cargo (an up-to-date build is a no-op) and returns the
+/// Builds the three binaries (and `migrate`) with cargo (an up-to-date build is a no-op) and returns the
 /// directory that holds them. Cargo does not build another package's binaries for a test,
 /// so the tests call this instead of trusting whatever binary happens to be on disk.
 /// `features` are cargo features such as `relay/failpoints`.
@@ -46,8 +46,9 @@ pub fn build_binaries(release: bool, features: &[&str]) -> anyhow::Result<PathBu
             command.env_remove(name);
         }
     }
-    for binary in BINARIES {
-        command.args(["-p", binary]);
+    // And `migrate`, the schema tool (package `migrations`), which the tests run too.
+    for package in BINARIES.iter().chain(&["migrations"]) {
+        command.args(["-p", package]);
     }
     if release {
         command.arg("--release");

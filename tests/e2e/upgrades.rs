@@ -20,6 +20,7 @@ on_both_backends!(
     rows_written_before_the_lifecycle_migrations_keep_their_meaning,
     an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved,
     a_users_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved,
+    the_migrate_command_applies_each_schema_alone,
 );
 
 /// The Student DB's migrations up to (and including) the fifth, the schema before
@@ -375,4 +376,62 @@ async fn a_users_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved
         .await
         .expect("a disabled user may share it");
     db.close().await.ok();
+}
+
+/// README: `migrate student|users` (`up` by default) applies a schema without starting a
+/// service, and `status` lists every migration as applied; a service's one-shot command
+/// then finds the schema current.
+async fn the_migrate_command_applies_each_schema_alone(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(binaries().join("migrate"))
+            .env_clear()
+            .args(args)
+            .output()
+            .expect("run migrate");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "migrate {args:?}: {stderr}");
+        stderr
+    };
+    let schemas = [
+        (
+            "student",
+            &dbs.student_url,
+            migrations::student::Migrator::migrations().len(),
+        ),
+        (
+            "users",
+            &dbs.users_url,
+            migrations::users::Migrator::migrations().len(),
+        ),
+    ];
+    for (schema, url, migrations) in schemas {
+        run(&[schema, "--database-url", url]);
+        let status = run(&[schema, "--database-url", url, "status"]);
+        let listed = |state: &str| {
+            status
+                .lines()
+                .filter(|line| line.contains("Migration '") && line.ends_with(state))
+                .count()
+        };
+        assert_eq!(
+            (listed("Applied"), listed("Pending")),
+            (migrations, 0),
+            "{status}"
+        );
+    }
+    let relay_status = std::process::Command::new(binaries().join("relay"))
+        .env_clear()
+        .args(["--database-url", &dbs.student_url, "status"])
+        .output()
+        .expect("run relay status");
+    assert_eq!(relay_status.status.code(), Some(0), "{relay_status:?}");
+    let inbox = std::process::Command::new(binaries().join("users-svc"))
+        .env_clear()
+        .args(["--database-url", &dbs.users_url, "inbox", "purge"])
+        .output()
+        .expect("run users-svc inbox purge");
+    assert_eq!(inbox.status.code(), Some(0), "{inbox:?}");
 }
