@@ -24,9 +24,10 @@ use tonic_health::pb::{
 /// The binaries of the system.
 pub const BINARIES: [&str; 3] = ["student-svc", "users-svc", "relay"];
 
-/// Builds the three binaries (and `migrate`) with cargo (an up-to-date build is a no-op) and returns the
-/// directory that holds them. Cargo does not build another package's binaries for a test,
-/// so the tests call this instead of trusting whatever binary happens to be on disk.
+/// Builds the three binaries (and `migrate`) with cargo (an up-to-date build is a no-op)
+/// and returns the directory that holds them. Cargo does not build another package's
+/// binaries for a test, so the tests call this instead of trusting whatever binary happens
+/// to be on disk.
 /// `features` are cargo features such as `relay/failpoints`.
 pub fn build_binaries(release: bool, features: &[&str]) -> anyhow::Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
