@@ -923,6 +923,71 @@ async fn eight_relays_and_both_services_keep_to_their_connection_budgets() {
     }
 }
 
+/// PostgreSQL only (README, "Running on PostgreSQL"): `PGAPPNAME` names a binary's
+/// connections instead of the program's name, and a URL's `application_name` wins over
+/// both. Two relays wait for a schema that never comes, holding a connection meanwhile.
+#[tokio::test]
+async fn pgappname_names_the_connections_unless_the_url_does() {
+    let Some(dbs) = TestDatabases::create(Backend::Postgres).await else {
+        return;
+    };
+    let separator = if dbs.student_url.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let named_by_url = format!("{}{separator}application_name=from-url", dbs.student_url);
+    let _relays: Vec<Process> = [&dbs.student_url, &named_by_url]
+        .into_iter()
+        .enumerate()
+        .map(|(n, url)| {
+            let args = [
+                "--database-url",
+                url,
+                "--users-url",
+                "http://127.0.0.1:9",
+                "run",
+            ];
+            Process::spawn_isolated(
+                &binaries().join("relay"),
+                &args.map(str::to_owned),
+                &[("PGAPPNAME".to_owned(), "from-env".to_owned())],
+                &dbs.dir.path().join(format!("relay-{n}.log")),
+            )
+            .expect("start a relay")
+        })
+        .collect();
+    let db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("connect");
+    let query = format!(
+        "SELECT DISTINCT application_name AS name FROM pg_stat_activity \
+         WHERE datname = '{}' AND application_name <> '{}'",
+        database_name(&db).await,
+        platform::db::program_name().expect("the test's own program name"),
+    );
+    let names = eventually("both relays connected", LINK_DEADLINE, || async {
+        let rows = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                query.clone(),
+            ))
+            .await
+            .expect("pg_stat_activity");
+        let names: std::collections::BTreeSet<String> = rows
+            .iter()
+            .map(|row| row.try_get("", "name").expect("name"))
+            .collect();
+        (names.len() >= 2).then_some(names)
+    })
+    .await;
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["from-env", "from-url"],
+        "not the program's name, `relay`"
+    );
+}
+
 async fn database_name(db: &sea_orm::DatabaseConnection) -> String {
     db.query_one_raw(sea_orm::Statement::from_string(
         sea_orm::DbBackend::Postgres,
