@@ -953,6 +953,20 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
         .await
         .expect("updated");
     stack.wait_until_all_synced(1).await;
+    // And the deactivation, under one more.
+    let deactivate_trace_id = new_trace_id();
+    stack
+        .student_client()
+        .deactivate_student(with_trace(
+            proto::student::v1::DeactivateStudentRequest {
+                id: id.clone(),
+                idempotency_key: None,
+            },
+            &deactivate_trace_id,
+        ))
+        .await
+        .expect("deactivated");
+    stack.wait_until_all_synced(1).await;
     // A replay is answered from Users' inbox, under the student's trace too.
     let replay = stack.relay_command(&["replay", "--student", &id]);
     assert_eq!(replay.status.code(), Some(0), "{replay:?}");
@@ -964,6 +978,9 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
         "{student_log}"
     );
     assert!(student_log.contains(&format!("UpdateStudent{{trace_id={change_trace_id}}}")));
+    assert!(student_log.contains(&format!(
+        "DeactivateStudent{{trace_id={deactivate_trace_id}}}"
+    )));
     // relay (text): the failed attempt and the delivery, each line naming the trace.
     let relay_log = stack.wait_for_relay_log_lines(&trace_id, 2).await;
     let relay_lines: Vec<&str> = relay_log
@@ -982,11 +999,16 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
             .any(|line| line.contains("delivered and linked")),
         "{relay_log}"
     );
-    assert!(
-        relay_log
-            .lines()
-            .any(|line| line.contains(&change_trace_id) && line.contains("delivered and synced"))
-    );
+    for change in [&change_trace_id, &deactivate_trace_id] {
+        eventually("the change's delivery logged", LINK_DEADLINE, || async {
+            stack
+                .relay_log()
+                .lines()
+                .any(|line| line.contains(change.as_str()) && line.contains("delivered and synced"))
+                .then_some(())
+        })
+        .await;
+    }
     // users-svc (JSON): the creation and the replay carry `trace_id` as a field.
     let users_log = stack.log_of("users-svc");
     let messages = json_messages(&users_log, &trace_id);
@@ -998,19 +1020,33 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
         messages.iter().any(|m| m == "answered from the inbox"),
         "{messages:?}"
     );
+    for change in [&change_trace_id, &deactivate_trace_id] {
+        assert!(!json_messages(&users_log, change).is_empty(), "{users_log}");
+    }
+    // Each JSON line has the documented keys; the `user created` line, for one, with its
+    // event's own field.
+    let created = users_log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line["trace_id"] == trace_id.as_str() && line["message"] == "user created")
+        .expect("the user created line");
+    let text = |key: &str| created[key].as_str().unwrap_or_default().to_owned();
     assert!(
-        !json_messages(&users_log, &change_trace_id).is_empty(),
-        "{users_log}"
+        chrono::DateTime::parse_from_rfc3339(&text("timestamp")).is_ok(),
+        "{created}"
     );
+    assert_eq!(text("level"), "INFO", "{created}");
+    assert!(text("target").starts_with("users_svc"), "{created}");
+    assert!(!text("span").is_empty(), "{created}");
+    assert!(uuid::Uuid::parse_str(&text("user_id")).is_ok(), "{created}");
 
     // `relay show` names each row's trace, so a trace can be found from a student.
     let show = stack.relay_command(&["show", "--student", &id]);
     let shown = String::from_utf8_lossy(&show.stdout);
     assert!(shown.contains(&format!("trace_id {trace_id}\n")), "{shown}");
-    assert!(
-        shown.contains(&format!("trace_id {change_trace_id}")),
-        "{shown}"
-    );
+    for change in [&change_trace_id, &deactivate_trace_id] {
+        assert!(shown.contains(&format!("trace_id {change}")), "{shown}");
+    }
 
     // A malformed traceparent is no error: the call starts a trace of its own.
     let mut garbled = tonic::Request::new(student_request(1));
