@@ -1069,6 +1069,23 @@ async fn hosts_whose_clocks_run_ahead_delay_no_row() {
     )
     .await;
     assert_eq!(judged.attempts, 1);
+
+    // A relay an hour ahead, retrying while Users is down: each retry is due a backoff
+    // after the database's now, not its own (an hour late), so the row is linked as soon
+    // as Users is back.
+    stack.kill_relays();
+    stack.start_relay(Some(an_hour_ahead), &[]);
+    stack.kill_users();
+    stack.create_students(2..3).await;
+    let retried = eventually("the row to be retried", LINK_DEADLINE, || async {
+        let row = stack.outbox_rows().await.remove(2);
+        (row.status == OutboxStatus::Pending && row.attempts >= 1).then_some(row)
+    })
+    .await;
+    let due_in = retried.available_at - retried.created_at;
+    assert!(due_in < chrono::TimeDelta::minutes(1), "due in {due_in}");
+    stack.restart_users(None).await;
+    stack.wait_until_all_linked(2).await;
 }
 
 /// The same fault for both flows: Users commits the user, then dies before answering, and
