@@ -21,6 +21,15 @@ impl Fingerprint {
         self
     }
 
+    /// The fingerprint of `fields`, in order: what the request types' layouts are
+    /// checked against.
+    pub fn of(fields: &[&str]) -> String {
+        fields
+            .iter()
+            .fold(Self::new(), |fingerprint, field| fingerprint.field(field))
+            .finish()
+    }
+
     /// Returns the digest as 64 lowercase hex characters.
     pub fn finish(self) -> String {
         self.0
@@ -51,6 +60,12 @@ mod tests {
             "af5570f5a1810b7af78caf4bc70a660f0df51e42baf91d4de5b2328de0e83dfc"
         );
         assert_eq!(digest.len(), 64);
+    }
+
+    #[test]
+    fn of_is_field_by_field() {
+        let by_field = Fingerprint::new().field("a").field("").field("bc").finish();
+        assert_eq!(Fingerprint::of(&["a", "", "bc"]), by_field);
     }
 
     #[test]

@@ -267,18 +267,10 @@ mod tests {
     #[test]
     fn the_fingerprints_are_the_documented_layouts() {
         let student_id = "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a";
-        let layout = |fields: &[&str]| {
-            fields
-                .iter()
-                .fold(Fingerprint::new(), |fingerprint, field| {
-                    fingerprint.field(field)
-                })
-                .finish()
-        };
         let update = UserChange::try_from(update()).expect("valid");
         assert_eq!(
             update.request_hash(),
-            layout(&[
+            Fingerprint::of(&[
                 "update-user",
                 student_id,
                 "Ana",
@@ -295,7 +287,7 @@ mod tests {
         .expect("valid");
         assert_eq!(
             disable.request_hash(),
-            layout(&["disable-user", student_id, "12"])
+            Fingerprint::of(&["disable-user", student_id, "12"])
         );
     }
 
