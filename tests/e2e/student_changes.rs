@@ -188,6 +188,25 @@ async fn a_change_that_changes_nothing_writes_nothing(backend: Backend) {
         .expect("answered")
         .into_inner();
     assert_eq!(same.version, 1, "no version spent");
+    // Each field alone is a change: a new e-mail, then a new last name.
+    let new_email = UpdateStudentRequest {
+        email: "ana.new@example.edu".into(),
+        ..update(&student, &student.first_name)
+    };
+    let new_last_name = UpdateStudentRequest {
+        last_name: "Gómez".into(),
+        ..new_email.clone()
+    };
+    for (version, request) in [(2, new_email), (3, new_last_name)] {
+        let changed = app
+            .student
+            .clone()
+            .update_student(request)
+            .await
+            .expect("updated")
+            .into_inner();
+        assert_eq!(changed.version, version);
+    }
     for _ in 0..2 {
         let inactive = app
             .student
@@ -196,14 +215,25 @@ async fn a_change_that_changes_nothing_writes_nothing(backend: Backend) {
             .await
             .expect("deactivated")
             .into_inner();
-        assert_eq!((inactive.version, inactive.active), (2, false));
+        assert_eq!((inactive.version, inactive.active), (4, false));
     }
     let rows = rows_of(&app, &student.id).await;
     let effects: Vec<&str> = rows.iter().map(|row| row.effect_type.as_str()).collect();
     assert_eq!(
         effects,
-        ["create-user", DISABLE_USER],
+        ["create-user", "update-user", "update-user", DISABLE_USER],
         "deactivating twice is one change"
+    );
+    let sent = |row: &outbox::Model| {
+        let field = |name: &str| row.payload[name].as_str().unwrap_or_default().to_owned();
+        (field("email"), field("last_name"))
+    };
+    assert_eq!(
+        (sent(&rows[1]), sent(&rows[2])),
+        (
+            ("ana.new@example.edu".to_owned(), student.last_name.clone()),
+            ("ana.new@example.edu".to_owned(), "Gómez".to_owned())
+        )
     );
 }
 
@@ -421,10 +451,13 @@ async fn a_failed_update_holds_back_that_students_later_rows_only(backend: Backe
     };
     let (a, b) = (create(&app, 1).await, create(&app, 2).await);
     let mut client = app.student.clone();
-    client
-        .update_student(update(&a, "A2"))
-        .await
-        .expect("updated");
+    // Two changes wait behind A's update: every one of them counts as blocked.
+    for name in ["A2", "A3"] {
+        client
+            .update_student(update(&a, name))
+            .await
+            .expect("updated");
+    }
     client
         .deactivate_student(deactivate(&a))
         .await
@@ -456,9 +489,10 @@ async fn a_failed_update_holds_back_that_students_later_rows_only(backend: Backe
         [
             (1, OutboxStatus::Done),
             (2, OutboxStatus::Failed),
-            (3, OutboxStatus::Pending)
+            (3, OutboxStatus::Pending),
+            (4, OutboxStatus::Pending)
         ],
-        "A's deactivation waits behind its failed update"
+        "A's later update and deactivation wait behind its failed update"
     );
     assert_eq!(
         statuses(rows_of(&app, &b.id).await),
@@ -471,11 +505,11 @@ async fn a_failed_update_holds_back_that_students_later_rows_only(backend: Backe
         (Some(FailureKind::Rejected), Some("UNREADABLE_PAYLOAD"))
     );
     let a = get(&app, &a.id).await;
-    assert_eq!((a.version, a.synced_version), (3, 1));
+    assert_eq!((a.version, a.synced_version), (4, 1));
     let report = relay::status::read(&app.student_db).await.expect("status");
     assert_eq!(
         (report.pending, report.failed, report.blocked, report.done),
-        (0, 1, 1, 3)
+        (0, 1, 2, 3)
     );
 }
 
