@@ -186,10 +186,48 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
     .await
     .expect("fail");
     assert_eq!((retried, failed), (false, false), "reported as not applied");
+    // Nor does A handing its claim back (its lease too short to send in): the row stays
+    // B's, not `pending` again while B's call is in flight.
+    let released = store::release(&app.student_db, &[first[0].id], "relay-a")
+        .await
+        .expect("release");
+    assert_eq!(released, 0);
     let row = rows(&app).await.remove(0);
     assert_eq!(
         (row.status, row.locked_by.as_deref(), row.last_error),
         (OutboxStatus::Processing, Some("relay-b"), None)
+    );
+
+    // The same relay claiming a row again once its own lease ran out: what it learns late
+    // about its first claim changes nothing either (the attempt tells the claims apart).
+    create_students(&app, 1..2).await;
+    let claim = || store::claim_batch(&app.student_db, "relay-c", 10, Duration::from_millis(100));
+    let early = claim().await.expect("claim");
+    assert_eq!(early.len(), 1);
+    let again = eventually(
+        "relay-c's lease to expire",
+        Duration::from_secs(10),
+        || async {
+            let batch = claim().await.expect("claim");
+            (!batch.is_empty()).then_some(batch)
+        },
+    )
+    .await;
+    assert_eq!((again[0].id, again[0].attempts), (early[0].id, 2));
+    let retried = store::record_retry(
+        &app.student_db,
+        &early[0],
+        "relay-c",
+        &Problem::new("UNAVAILABLE", "late"),
+        Duration::ZERO,
+    )
+    .await
+    .expect("retry");
+    assert!(!retried, "reported as not applied");
+    let row = rows(&app).await.remove(1);
+    assert_eq!(
+        (row.status, row.attempts, row.last_error),
+        (OutboxStatus::Processing, 2, None)
     );
 }
 
