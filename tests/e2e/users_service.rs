@@ -24,6 +24,7 @@ on_both_backends!(
     repeated_delivery_returns_saved_user_id,
     key_reused_with_another_request_is_rejected_and_writes_nothing,
     a_replica_that_did_not_execute_a_key_answers_it_from_the_table_then_from_memory,
+    an_answer_read_from_the_table_is_forgotten_when_its_row_may_be_purged,
     replay_only_request_never_creates,
     invalid_create_user_fields_are_named_and_nothing_is_stored,
     another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays,
@@ -284,6 +285,65 @@ async fn a_replica_that_did_not_execute_a_key_answers_it_from_the_table_then_fro
         assert!(again.metadata().get("idempotent-replayed").is_some());
         assert_eq!(again.into_inner().user_id, first);
     }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 0));
+}
+
+/// A replica remembers an answer it read from the table for as long as the row itself
+/// may live (`--inbox-retention` from the row's `created_at`), not a full retention from
+/// the read: memory never outlives the table, so replicas never disagree about a key the
+/// table may have purged. Here the row is three seconds from its purge age when read.
+async fn an_answer_read_from_the_table_is_forgotten_when_its_row_may_be_purged(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let first = app
+        .users
+        .clone()
+        .create_user(request("old-key"))
+        .await
+        .expect("created")
+        .into_inner()
+        .user_id;
+    let retention = users_svc::InboxSettings::default().retention;
+    let nearly_purgeable = platform::db::now()
+        - chrono::Duration::from_std(retention).expect("retention")
+        + chrono::Duration::seconds(3);
+    inbox::Entity::update_many()
+        .col_expr(inbox::Column::CreatedAt, Expr::value(nearly_purgeable))
+        .exec(&app.users_db)
+        .await
+        .expect("age the row");
+    let mut replica = app.users_replica().await;
+    let read = replica
+        .create_user(replay_only(request("old-key")))
+        .await
+        .expect("from the table")
+        .into_inner();
+    assert_eq!(read.user_id, first);
+    // The row gone (as the purge will take it): the replica answers from memory until the
+    // row's purge age, then asks the table and finds nothing.
+    app.users_db
+        .execute_unprepared("DELETE FROM inbox WHERE idempotency_key = 'old-key'")
+        .await
+        .expect("delete the inbox row");
+    let forgotten = crate::support::eventually(
+        "the replica to forget the answer",
+        std::time::Duration::from_secs(30),
+        || {
+            let (mut replica, first) = (replica.clone(), first.clone());
+            async move {
+                match replica.create_user(replay_only(request("old-key"))).await {
+                    Ok(answer) => {
+                        assert_eq!(answer.into_inner().user_id, first, "from memory");
+                        None
+                    }
+                    Err(status) => Some(status),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(forgotten.code(), Code::NotFound, "{forgotten:?}");
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 0));
 }
 
