@@ -20,6 +20,9 @@ pub mod points {
     pub const STUDENT_BEFORE_GROUP_COMMIT: &str = "student-before-group-commit";
     /// student-svc, CreateStudent: committed, answer not yet sent.
     pub const STUDENT_AFTER_COMMIT: &str = "student-after-commit";
+    /// student-svc, UpdateStudent or DeactivateStudent: the new version and its outbox row
+    /// written, transaction not yet committed.
+    pub const STUDENT_CHANGE_BEFORE_COMMIT: &str = "student-change-before-commit";
     /// relay: rows claimed (leased), Users not yet called.
     pub const RELAY_AFTER_CLAIM: &str = "relay-after-claim";
     /// relay: Users answered, the link and `done` not yet recorded.

@@ -485,6 +485,7 @@ pub async fn change(
     bell.in_transaction(&txn).await?;
     // Crash point: before this commit neither the new version nor its effect exists; after
     // it, both do, and the relay will deliver the effect after every earlier one.
+    failpoint::hit(failpoint::points::STUDENT_CHANGE_BEFORE_COMMIT).await;
     txn.commit().await?;
     bell.after_commit();
     Ok(ChangeOutcome::Changed(with_create_user(db, student).await?))

@@ -6,7 +6,7 @@ use platform::failpoint::points;
 use proto::student::v1::{CreateStudentRequest, GetStudentRequest, UserLinkStatus};
 use sea_orm::EntityTrait;
 use student_store::entity::{
-    outbox::{FailureKind, OutboxStatus},
+    outbox::{self, FailureKind, OutboxStatus},
     students,
 };
 use tonic::Code;
@@ -29,6 +29,7 @@ on_both_backends!(
     student_svc_crash_inside_an_open_transaction_stores_nothing,
     student_svc_crash_inside_a_group_commit_stores_none_of_the_group,
     student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key,
+    student_svc_crash_before_a_change_commits_stores_neither_and_the_retry_applies_once,
     a_create_whose_deadline_passes_while_it_commits_lands_and_its_key_finds_it,
     rows_committed_while_no_relay_runs_are_delivered_once,
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
@@ -60,6 +61,78 @@ async fn student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_on
 /// transaction (`--wake-relays in-transaction`), and the database must roll it back.
 async fn student_svc_crash_inside_an_open_transaction_stores_nothing(backend: Backend) {
     crash_before_commit_then_retry(backend, &["--wake-relays", "in-transaction"]).await;
+}
+
+/// A change is one transaction too: student-svc dies with the new version and its
+/// `update-user` row written, uncommitted. Neither is stored; the client's retry with its
+/// key applies the change once, and Users follows.
+async fn student_svc_crash_before_a_change_commits_stores_neither_and_the_retry_applies_once(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let id = stack.create_students(0..1).await.remove(0);
+    stack.wait_until_all_linked(1).await;
+    stack
+        .restart_student(Some(&armed(points::STUDENT_CHANGE_BEFORE_COMMIT, "abort")))
+        .await;
+    let student = stack
+        .student_client()
+        .get_student(GetStudentRequest { id: id.clone() })
+        .await
+        .expect("found")
+        .into_inner();
+    let rename = proto::student::v1::UpdateStudentRequest {
+        id: id.clone(),
+        first_name: "Renamed".into(),
+        last_name: student.last_name,
+        email: student.email,
+        idempotency_key: Some("rename-1".into()),
+        expected_version: 1,
+    };
+    let lost = stack
+        .student_client()
+        .update_student(rename.clone())
+        .await
+        .expect_err("the service dies mid-call");
+    assert!(
+        matches!(
+            lost.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
+        ),
+        "{lost:?}"
+    );
+    stack.wait_for_student_abort();
+    let effects = |rows: Vec<outbox::Model>| {
+        rows.into_iter()
+            .map(|row| (row.aggregate_version, row.effect_type))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        effects(stack.outbox_rows().await),
+        [(1, "create-user".to_owned())],
+        "no update-user row without its version"
+    );
+
+    stack.restart_student(None).await;
+    let renamed = stack
+        .student_client()
+        .update_student(rename)
+        .await
+        .expect("the retry applies it")
+        .into_inner();
+    assert_eq!(
+        (renamed.version, renamed.first_name.as_str()),
+        (2, "Renamed")
+    );
+    stack.wait_until_all_synced(1).await;
+    assert_eq!(
+        effects(stack.outbox_rows().await),
+        [(1, "create-user".to_owned()), (2, "update-user".to_owned())]
+    );
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    stack.assert_audit_clean(1);
 }
 
 async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) {
