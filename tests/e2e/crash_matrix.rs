@@ -50,6 +50,18 @@ fn armed(point: &str, action: &str) -> String {
     format!("{point}={action}")
 }
 
+/// What a client gets when the service dies during its call: the connection is gone,
+/// whichever code the transport gives that.
+fn assert_connection_lost(status: &tonic::Status) {
+    assert!(
+        matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
+        ),
+        "{status:?}"
+    );
+}
+
 async fn student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_once(
     backend: Backend,
 ) {
@@ -96,13 +108,7 @@ async fn student_svc_crash_before_a_change_commits_stores_neither_and_the_retry_
         .update_student(rename.clone())
         .await
         .expect_err("the service dies mid-call");
-    assert!(
-        matches!(
-            lost.code(),
-            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
-        ),
-        "{lost:?}"
-    );
+    assert_connection_lost(&lost);
     stack.wait_for_student_abort();
     let effects = |rows: Vec<outbox::Model>| {
         rows.into_iter()
@@ -151,13 +157,7 @@ async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) {
         .create_student(request.clone())
         .await
         .expect_err("the service dies mid-call");
-    assert!(
-        matches!(
-            lost.code(),
-            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
-        ),
-        "{lost:?}"
-    );
+    assert_connection_lost(&lost);
     stack.wait_for_student_abort();
     assert_eq!(
         students_and_outbox_rows(&stack.student_db).await,
