@@ -66,8 +66,8 @@ async fn time_claims(db: &DatabaseConnection, claims: usize) -> anyhow::Result<L
         let rows = outbox::claim_batch(db, "bench", 64, Duration::from_secs(60)).await?;
         times.push(started.elapsed());
         anyhow::ensure!(rows.len() == 64, "only {} rows claimable", rows.len());
-        let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
-        outbox::release(db, &ids, "bench").await?;
+        let claims: Vec<outbox::Claim> = rows.iter().map(outbox::Claim::from).collect();
+        outbox::release(db, &claims, "bench").await?;
     }
     Ok(Latency::of(times))
 }

@@ -110,7 +110,7 @@ impl Relay {
                 Ok((Delivery::Failed, _)) => outcome.failed += 1,
                 Ok((Delivery::Superseded, _)) => outcome.superseded += 1,
                 Ok((Delivery::Shed, _)) => outcome.released += 1,
-                Ok((Delivery::Unsent, id)) => unsent.push(id),
+                Ok((Delivery::Unsent(claim), _)) => unsent.push(claim),
                 // A row whose outcome could not be recorded keeps its lease; it is claimed
                 // again when the lease runs out.
                 Err(err) => first_error = first_error.or(Some(err)),
@@ -125,7 +125,7 @@ impl Relay {
 
     /// Hands rows this relay claimed but did not send back to `pending`, their attempt
     /// unused, for another relay to take at once; returns how many went back.
-    pub(crate) async fn release_unsent(&self, unsent: &[i64]) -> anyhow::Result<usize> {
+    pub(crate) async fn release_unsent(&self, unsent: &[outbox::Claim]) -> anyhow::Result<usize> {
         if unsent.is_empty() {
             return Ok(0);
         }
@@ -151,7 +151,7 @@ impl Relay {
             "lease too short to send before it ends; releasing the row"
         );
         metrics::delivery(&row.effect_type, Outcome::Released);
-        (Delivery::Unsent, row.id)
+        (Delivery::Unsent(outbox::Claim::from(row)), row.id)
     }
 
     /// How many rows one claim takes: no more than can be sent at once. A row claimed
@@ -445,8 +445,9 @@ pub(crate) enum Delivery {
     },
     Retried,
     Failed,
-    /// Handed back unsent: a lease too short to send within, or the relay stopping.
-    Unsent,
+    /// Handed back unsent: a lease too short to send within, or the relay stopping. The
+    /// claim it was sent under, so that only that claim is given back.
+    Unsent(outbox::Claim),
     /// Shed by Users unjudged, and given back with its attempt.
     Shed,
     Superseded,
@@ -459,7 +460,7 @@ impl Delivery {
             Self::Delivered { replayed: true } => Outcome::Replayed,
             Self::Retried => Outcome::Retried,
             Self::Failed => Outcome::Failed,
-            Self::Unsent | Self::Shed => Outcome::Released,
+            Self::Unsent(_) | Self::Shed => Outcome::Released,
             Self::Superseded => Outcome::Superseded,
         }
     }

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use student_store::entity::outbox as outbox_row;
+use student_store::{entity::outbox as outbox_row, outbox::Claim};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -104,8 +104,8 @@ impl Relay {
                             for row in &rows {
                                 crate::metrics::delivery(&row.effect_type, Outcome::Released);
                             }
-                            let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
-                            self.give_back(&ids).await;
+                            let claims: Vec<_> = rows.iter().map(Claim::from).collect();
+                            self.give_back(&claims).await;
                             break;
                         }
                         // A full claim: more rows are probably due.
@@ -174,7 +174,7 @@ impl Relay {
         let mut unsent = Vec::new();
         for result in results {
             match result {
-                Ok((Delivery::Unsent, id)) => unsent.push(id),
+                Ok((Delivery::Unsent(claim), _)) => unsent.push(claim),
                 Ok(_) => {}
                 Err(err) => {
                     tracing::warn!(
@@ -189,7 +189,7 @@ impl Relay {
 
     /// [`Relay::release_unsent`], where a failure only delays the rows: they are claimable
     /// again once their lease runs out.
-    async fn give_back(&self, unsent: &[i64]) {
+    async fn give_back(&self, unsent: &[Claim]) {
         if let Err(err) = self.release_unsent(unsent).await {
             tracing::warn!(rows = ?unsent, error = format!("{err:#}"), "cannot release unsent rows; their leases will run out");
         }

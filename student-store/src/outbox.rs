@@ -21,8 +21,8 @@ use std::{
 use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now, shared_now};
 use sea_orm::{
-    ActiveEnum as _, ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder,
+    ActiveEnum as _, ColumnTrait, Condition, ConnectionTrait as _, DatabaseConnection, DbBackend,
+    DbErr, EntityTrait, IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder,
     QuerySelect, QueryTrait as _, Statement, TransactionTrait as _, UpdateMany,
     sea_query::{Expr, ExprTrait, LockBehavior, LockType},
 };
@@ -572,12 +572,42 @@ pub async fn record_failure(
     Ok(failed.rows_affected == 1)
 }
 
-/// Hands back rows this relay claimed but never sent (it is shutting down): `pending` again,
-/// due at once, the claim's attempt uncounted, so another relay takes them immediately.
-pub async fn release(db: &DatabaseConnection, ids: &[i64], relay_id: &str) -> Result<u64, DbErr> {
-    if ids.is_empty() {
+/// One claim of one row: the row and the attempt that claim counted. A relay's lease may
+/// run out and the same relay claim the row again; the attempt tells the two claims apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub id: i64,
+    pub attempts: i32,
+}
+
+impl From<&outbox::Model> for Claim {
+    fn from(row: &outbox::Model) -> Self {
+        Self {
+            id: row.id,
+            attempts: row.attempts,
+        }
+    }
+}
+
+/// Hands back rows this relay claimed but never sent (too little lease left to send, or it
+/// is stopping): `pending` again, due at once, the claim's attempt uncounted, so another
+/// relay takes them immediately. Only a row still held by that very claim goes back: not
+/// one another relay has claimed since, nor one this relay has claimed again.
+pub async fn release(
+    db: &DatabaseConnection,
+    claims: &[Claim],
+    relay_id: &str,
+) -> Result<u64, DbErr> {
+    if claims.is_empty() {
         return Ok(0);
     }
+    let held = claims.iter().fold(Condition::any(), |held, claim| {
+        held.add(
+            Condition::all()
+                .add(outbox::Column::Id.eq(claim.id))
+                .add(outbox::Column::Attempts.eq(claim.attempts)),
+        )
+    });
     let released = without_lease(outbox::Entity::update_many())
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
         .col_expr(
@@ -588,7 +618,7 @@ pub async fn release(db: &DatabaseConnection, ids: &[i64], relay_id: &str) -> Re
             outbox::Column::AvailableAt,
             shared_now(db.get_database_backend()),
         )
-        .filter(outbox::Column::Id.is_in(ids.iter().copied()))
+        .filter(held)
         .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
         .filter(outbox::Column::LockedBy.eq(relay_id))
         .exec(db)

@@ -188,7 +188,7 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
     assert_eq!((retried, failed), (false, false), "reported as not applied");
     // Nor does A handing its claim back (its lease too short to send in): the row stays
     // B's, not `pending` again while B's call is in flight.
-    let released = store::release(&app.student_db, &[first[0].id], "relay-a")
+    let released = store::release(&app.student_db, &[store::Claim::from(&first[0])], "relay-a")
         .await
         .expect("release");
     assert_eq!(released, 0);
@@ -224,6 +224,11 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
     .await
     .expect("retry");
     assert!(!retried, "reported as not applied");
+    // Nor does handing back its first claim.
+    let released = store::release(&app.student_db, &[store::Claim::from(&early[0])], "relay-c")
+        .await
+        .expect("release");
+    assert_eq!(released, 0);
     let row = rows(&app).await.remove(1);
     assert_eq!(
         (row.status, row.attempts, row.last_error),

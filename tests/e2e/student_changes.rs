@@ -10,6 +10,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr
 use student_store::{
     effect::{DISABLE_USER, Effect, UPDATE_USER, UpdateUserPayload},
     entity::outbox::{self, FailureKind, OutboxStatus},
+    outbox::Claim,
 };
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
@@ -400,7 +401,7 @@ async fn a_students_rows_are_delivered_one_at_a_time_in_version_order(backend: B
         // Give them back, then let the relay deliver exactly these.
         student_store::outbox::release(
             &app.student_db,
-            &claimed.iter().map(|row| row.id).collect::<Vec<_>>(),
+            &claimed.iter().map(Claim::from).collect::<Vec<_>>(),
             &relay.id,
         )
         .await
