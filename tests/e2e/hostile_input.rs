@@ -20,7 +20,7 @@ use proptest::{
 use proto::{
     student::v1::{
         CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, ListStudentsRequest,
-        UpdateStudentRequest,
+        Student, UpdateStudentRequest,
     },
     users::v1::{
         CreateUserRequest, CreateUsersItem, CreateUsersRequest, DisableUserRequest, GetUserRequest,
@@ -380,6 +380,16 @@ fn create_student_fields_are_accepted_or_named(backend: Backend) {
     );
 }
 
+/// The `n`th case's own student, for a property that changes one.
+async fn case_student(app: &TestApp, n: usize) -> Result<Student, TestCaseError> {
+    app.student
+        .clone()
+        .create_student(student_request(n))
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| TestCaseError::fail(format!("create: {status:?}")))
+}
+
 const UPDATE_STUDENT_FIELDS: [&str; 5] =
     ["id", "first_name", "last_name", "email", "idempotency_key"];
 
@@ -391,13 +401,7 @@ fn update_student_fields_are_accepted_or_named(backend: Backend) {
         |app, (field, value), n| {
             let keys = keys.clone();
             Box::pin(async move {
-                let student = app
-                    .student
-                    .clone()
-                    .create_student(student_request(n))
-                    .await
-                    .map_err(|status| TestCaseError::fail(format!("create: {status:?}")))?
-                    .into_inner();
+                let student = case_student(app, n).await?;
                 let mut request = UpdateStudentRequest {
                     id: student.id.clone(),
                     first_name: "Changed".into(),
@@ -536,13 +540,7 @@ fn deactivate_student_and_disable_user_fields_are_accepted_or_named(backend: Bac
         Box::pin(async move {
             let spoil_id = field % 2 == 0;
             let (answer, named, key, stored) = if field < 2 {
-                let student = app
-                    .student
-                    .clone()
-                    .create_student(student_request(n))
-                    .await
-                    .map_err(|status| TestCaseError::fail(format!("create: {status:?}")))?
-                    .into_inner();
+                let student = case_student(app, n).await?;
                 let request = DeactivateStudentRequest {
                     id: if spoil_id { value.clone() } else { student.id },
                     idempotency_key: Some(if spoil_id {
