@@ -9,10 +9,10 @@ use std::{
     time::Duration,
 };
 
-use sea_orm::{EntityTrait, sea_query::Expr};
+use sea_orm::{EntityTrait, TransactionTrait, sea_query::Expr};
 use users_svc::entity::users;
 
-use platform::grpc_server::Limits;
+use platform::grpc_server::{Limits, ServerOptions};
 use proto::{
     student::v1::{CreateStudentRequest, GetStudentRequest, ListStudentsRequest},
     users::v1::{CreateUserRequest, GetUserRequest},
@@ -27,7 +27,7 @@ use uuid::Uuid;
 use crate::{
     on_both_backends,
     support::{
-        Backend,
+        Backend, TestDatabases,
         app::spawn_app_with_limits,
         eventually,
         invariants::{students_and_outbox_rows, users_and_inbox_rows},
@@ -45,6 +45,7 @@ on_both_backends!(
     document_numbers_differing_only_in_case_name_one_document,
     oversized_requests_are_out_of_range_and_store_nothing,
     a_flood_is_shed_quickly_and_the_service_recovers,
+    health_is_not_serving_until_the_first_database_check_passes,
 );
 
 fn user_request(key: &str, document_number: &str) -> CreateUserRequest {
@@ -627,4 +628,60 @@ async fn a_write_that_sqlite_kept_waiting_past_its_busy_timeout_is_unavailable_n
         .rollback()
         .await
         .expect("rollback");
+}
+
+/// README: health reports NOT_SERVING from the first request until the first database
+/// check passes (never SERVING on trust, never "service unknown"). The Users DB's only
+/// pooled connection is held, so that first check waits for it.
+async fn health_is_not_serving_until_the_first_database_check_passes(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let db = users_svc::open_database(&dbs.users_url, 1)
+        .await
+        .expect("open Users DB");
+    let held = db.begin().await.expect("hold the pool's one connection");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(users_svc::run(
+        listener,
+        db.clone(),
+        ServerOptions::default(),
+        None,
+        users_svc::InboxSettings::default(),
+        shutdown.clone(),
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let health = HealthClient::new(channel);
+    let check = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .map(|answer| answer.into_inner().status())
+        }
+    };
+    for service in ["", "users.v1.UsersService"] {
+        let status = check(service).await.expect("health knows the service");
+        assert_eq!(status, ServingStatus::NotServing, "service {service:?}");
+    }
+
+    drop(held);
+    for service in ["", "users.v1.UsersService"] {
+        eventually(
+            &format!("health SERVING for {service:?}"),
+            Duration::from_secs(15),
+            || async { (check(service).await.ok()? == ServingStatus::Serving).then_some(()) },
+        )
+        .await;
+    }
+    shutdown.cancel();
 }

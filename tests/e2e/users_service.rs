@@ -29,6 +29,7 @@ on_both_backends!(
     invalid_create_user_fields_are_named_and_nothing_is_stored,
     another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays,
     a_rejected_key_repeated_where_memory_does_not_know_it_keeps_its_rejection,
+    a_rejection_whose_commit_failed_is_not_remembered,
     get_user_returns_the_user_or_names_the_problem,
     a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not,
     a_malformed_key_time_is_refused_naming_it,
@@ -595,4 +596,84 @@ fn the_pgbench_create_user_scripts_write_the_columns_the_service_writes() {
         2,
         "{batch}"
     );
+}
+
+async fn a_rejection_whose_commit_failed_is_not_remembered(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    users
+        .create_user(request("first-key"))
+        .await
+        .expect("created");
+    // The database refuses to commit the second key's inbox row: its insert passes, and
+    // the commit after it fails.
+    refuse_to_commit_inbox_row(&app.users_db, backend, "second-key").await;
+    let mut second = request("second-key");
+    second.student_id = "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".into();
+    let status = users
+        .create_user(second.clone())
+        .await
+        .expect_err("the rejection's commit fails");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+    // Now the document number is free, and nothing saved an answer under the key: the
+    // same process must judge it again (and create the user), not answer the rejection
+    // it would have saved from memory.
+    let lift = match backend {
+        Backend::Postgres => "DROP TRIGGER refuse_commit ON inbox",
+        Backend::Sqlite => "DROP TRIGGER refuse_commit",
+    };
+    app.users_db
+        .execute_unprepared(lift)
+        .await
+        .expect("lift the commit trap");
+    users::Entity::update_many()
+        .col_expr(users::Column::Enabled, Expr::value(false))
+        .exec(&app.users_db)
+        .await
+        .expect("disable the holder");
+    let created = users
+        .create_user(second)
+        .await
+        .expect("created: the failed rejection was not remembered")
+        .into_inner();
+    assert!(Uuid::parse_str(&created.user_id).is_ok());
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 2));
+}
+
+/// Makes every commit that would keep an inbox row for `key` fail, after its insert passed:
+/// a constraint the database checks only at commit (a deferred trigger on PostgreSQL, a
+/// deferred foreign key to a missing row on SQLite).
+async fn refuse_to_commit_inbox_row(db: &sea_orm::DatabaseConnection, backend: Backend, key: &str) {
+    let statements = match backend {
+        Backend::Postgres => vec![
+            "CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'the test refuses this commit'; END $$"
+                .to_owned(),
+            format!(
+                "CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON inbox \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+                 WHEN (NEW.idempotency_key = '{key}') EXECUTE FUNCTION refuse_commit()"
+            ),
+        ],
+        Backend::Sqlite => vec![
+            "CREATE TABLE commit_allowed (id TEXT PRIMARY KEY)".to_owned(),
+            "ALTER TABLE inbox ADD COLUMN commit_allowed_id TEXT \
+             REFERENCES commit_allowed (id) DEFERRABLE INITIALLY DEFERRED"
+                .to_owned(),
+            format!(
+                "CREATE TRIGGER refuse_commit AFTER INSERT ON inbox \
+                 WHEN NEW.idempotency_key = '{key}' BEGIN \
+                 UPDATE inbox SET commit_allowed_id = 'never' \
+                 WHERE idempotency_key = NEW.idempotency_key; END"
+            ),
+        ],
+    };
+    for statement in statements {
+        db.execute_unprepared(&statement)
+            .await
+            .expect("install the commit trap");
+    }
 }
