@@ -28,7 +28,10 @@ use crate::{
         invariants::{
             assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
         },
-        metrics::{exported_names, label_names, ops_expressions, promql_names, sample, scrape},
+        metrics::{
+            alert_test_series, exported_names, has_label_value, label_names, ops_expressions,
+            promql_names, sample, scrape,
+        },
         stack::{LINK_DEADLINE, Stack},
         student_request,
     },
@@ -438,7 +441,70 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
         1.0,
         "{users}"
     );
+
+    // Every series `ops/alerts.test.yml` feeds the rules is one these binaries export, down
+    // to its label values: a value no binary sends (once `outcome="delivered"`) tests a
+    // rule against a series that never exists. gRPC codes may be any of gRPC's; two
+    // values are staged by tests of their own, which read them in a real scrape:
+    // `result="expired"` (`retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon`)
+    // and `reason="UNAUTHENTICATED"` (`security::a_token_rotation_under_a_pending_backlog_fails_no_row`).
+    const STAGED_ELSEWHERE: [(&str, &str); 2] =
+        [("result", "expired"), ("reason", "UNAUTHENTICATED")];
+    let scrapes = [
+        scrape(stack.metrics_addr("student-svc").await).await,
+        users,
+        scrape(relay_metrics).await,
+    ];
+    for (name, labels) in alert_test_series() {
+        if backend == Backend::Postgres && name == platform::db::SQLITE_WRITE_LOCK_WAITS {
+            continue;
+        }
+        assert!(
+            scrapes.iter().any(|s| exported_names(s).contains(&name)),
+            "ops/alerts.test.yml feeds {name}, which no binary exports"
+        );
+        for (key, value) in &labels {
+            let known = if key == "grpc_code" {
+                GRPC_CODES.contains(&value.as_str())
+            } else {
+                STAGED_ELSEWHERE.contains(&(key.as_str(), value.as_str()))
+                    || scrapes
+                        .iter()
+                        .any(|s| has_label_value(s, &name, key, value))
+            };
+            assert!(
+                known,
+                "ops/alerts.test.yml feeds {name}{{{key}=\"{value}\"}}, which no binary exported: {:?}",
+                scrapes
+                    .iter()
+                    .flat_map(|s| s.lines())
+                    .filter(|line| line.starts_with(&format!("{name}{{")))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
 }
+
+/// The names of gRPC's status codes, as `grpc_code` labels carry them.
+const GRPC_CODES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
 
 /// SQLite has one write lock per file, which student-svc and the relays share: a writer
 /// that finds it taken pauses 1 ms and tries again (`platform::db`'s busy handler), and

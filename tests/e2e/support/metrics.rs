@@ -198,3 +198,55 @@ fn promql_names_are_metrics_and_labels_only() {
     );
     assert_eq!(promql_names("rate(z[$__rate_interval])"), ["z"]);
 }
+
+/// Every input series of `ops/alerts.test.yml`: its metric name and its labels, `job` and
+/// `instance` (which Prometheus attaches, not a binary) left out.
+pub fn alert_test_series() -> Vec<(String, Vec<(String, String)>)> {
+    let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops");
+    let tests = std::fs::read_to_string(ops.join("alerts.test.yml")).expect("ops/alerts.test.yml");
+    tests
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("- series: '"))
+        .map(|series| {
+            let series = series.strip_suffix('\'').expect("a quoted series");
+            let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+            let labels = labels
+                .strip_suffix('}')
+                .expect("labels end in }")
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(key, value)| (key.to_owned(), value.trim_matches('"').to_owned()))
+                .filter(|(key, _)| key != "job" && key != "instance")
+                .collect();
+            (name.to_owned(), labels)
+        })
+        .collect()
+}
+
+/// Whether a scrape has a sample `name` carrying the label `key="value"`.
+pub fn has_label_value(text: &str, name: &str, key: &str, value: &str) -> bool {
+    let pair = format!("{key}=\"{value}\"");
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_once('{'))
+        .any(|(series, labels)| {
+            series == name
+                && labels
+                    .split_once('}')
+                    .is_some_and(|(labels, _)| labels.split(',').any(|p| p == pair))
+        })
+}
+
+#[test]
+fn alert_test_series_are_read_with_their_labels() {
+    let series = alert_test_series();
+    assert!(series.len() >= 20, "{series:?}");
+    assert!(series.contains(&(
+        "outbox_rows".to_owned(),
+        vec![("status".to_owned(), "failed".to_owned())]
+    )));
+    let text = "x_total{a=\"1\",b=\"2\"} 3\n";
+    assert!(has_label_value(text, "x_total", "b", "2"));
+    assert!(!has_label_value(text, "x_total", "b", "1"));
+    assert!(!has_label_value(text, "x", "a", "1"));
+}
