@@ -138,6 +138,14 @@ fn request(key: &str) -> CreateUserRequest {
     }
 }
 
+/// Another student's request under `key`, with the document number [`request`] sends.
+fn another_student_same_document(key: &str) -> CreateUserRequest {
+    CreateUserRequest {
+        student_id: "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".to_owned(),
+        ..request(key)
+    }
+}
+
 fn replay_only(message: CreateUserRequest) -> Request<CreateUserRequest> {
     let mut request = Request::new(message);
     request.metadata_mut().insert(
@@ -453,8 +461,7 @@ async fn another_key_with_a_taken_document_number_is_rejected_and_the_rejection_
         .create_user(request("first-key"))
         .await
         .expect("created");
-    let mut second = request("second-key");
-    second.student_id = "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".into();
+    let second = another_student_same_document("second-key");
     // The second key's inbox row was fine and its user was not: both are one statement on
     // PostgreSQL (one transaction on SQLite), so the inbox row must not stay and answer
     // "created" for a user that was never written.
@@ -488,8 +495,7 @@ async fn a_rejected_key_repeated_where_memory_does_not_know_it_keeps_its_rejecti
         .create_user(request("first-key"))
         .await
         .expect("created");
-    let mut second = request("second-key");
-    second.student_id = "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".into();
+    let second = another_student_same_document("second-key");
     let status = app
         .users
         .clone()
@@ -610,8 +616,7 @@ async fn a_rejection_whose_commit_failed_is_not_remembered(backend: Backend) {
     // The database refuses to commit the second key's inbox row: its insert passes, and
     // the commit after it fails.
     refuse_to_commit_inbox_row(&app.users_db, backend, "second-key").await;
-    let mut second = request("second-key");
-    second.student_id = "0193a6a4-0000-7c1a-9a55-3c2f1e0d4b8a".into();
+    let second = another_student_same_document("second-key");
     let status = users
         .create_user(second.clone())
         .await
