@@ -208,6 +208,14 @@ mod tests {
             )),
             "must contain only letters, digits and '-'"
         );
+        // Nothing else that is often found in document numbers, and no letter beyond ASCII.
+        for other in ["AB_12", "AB.12", "AB/12", "AB+12", "Ñ-12"] {
+            assert_eq!(
+                reason(document_number("document_number", other)),
+                "must contain only letters, digits and '-'",
+                "{other}"
+            );
+        }
     }
 
     #[test]
