@@ -29,6 +29,7 @@ on_both_backends!(
     invalid_create_student_fields_are_named_and_nothing_is_stored,
     get_student_returns_the_student_or_names_the_problem,
     list_students_pages_through_every_student_oldest_first,
+    list_students_pages_default_to_50_and_hold_500_at_most,
     health_reports_serving,
 );
 
@@ -516,4 +517,62 @@ fn the_pgbench_create_script_writes_the_columns_the_service_writes() {
         assert!(sql.contains("RETURNING"), "{sql}");
     }
     assert_eq!(pgbench::inserts(&script), pgbench::inserts(&service));
+}
+
+/// `student.proto`: a `page_size` of 0 means the default (50), and a page holds 500 at most.
+/// The 501 students are written straight to the table: only their order matters here.
+async fn list_students_pages_default_to_50_and_hold_500_at_most(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let start = chrono::Utc::now();
+    let rows: Vec<students::ActiveModel> = (0..501)
+        .map(|n| {
+            let at = start + chrono::TimeDelta::milliseconds(n);
+            students::Model {
+                id: Uuid::now_v7(),
+                first_name: "Ana".into(),
+                last_name: format!("Pérez {n}"),
+                email: format!("ana.{n}@example.edu"),
+                document_number: format!("DOC-{n}"),
+                user_id: None,
+                client_key: None,
+                request_hash: String::new(),
+                created_at: at,
+                updated_at: at,
+                version: 1,
+                synced_version: 0,
+                active: true,
+            }
+            .into()
+        })
+        .collect();
+    for chunk in rows.chunks(100) {
+        students::Entity::insert_many(chunk.to_vec())
+            .exec_without_returning(&app.student_db)
+            .await
+            .expect("students");
+    }
+    let page = |page_size, page_token: &str| {
+        let request = ListStudentsRequest {
+            page_size,
+            page_token: page_token.to_owned(),
+        };
+        let mut student = app.student.clone();
+        async move {
+            student
+                .list_students(request)
+                .await
+                .expect("page")
+                .into_inner()
+        }
+    };
+    let default = page(0, "").await;
+    assert_eq!(default.students.len(), 50);
+    assert!(!default.next_page_token.is_empty());
+    let capped = page(1000, "").await;
+    assert_eq!(capped.students.len(), 500);
+    let rest = page(1000, &capped.next_page_token).await;
+    assert_eq!(rest.students.len(), 1);
+    assert!(rest.next_page_token.is_empty());
 }
