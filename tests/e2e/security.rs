@@ -391,6 +391,42 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
         .await
         .expect("Users DB");
     assert_each_student_linked_exactly_once(&student_db, &users_db, 1).await;
+
+    // The naive flow takes the same settings from the same variables (README,
+    // configuration: read by `--link-mode direct` only): its CreateStudent calls Users
+    // itself, over TLS with the token, and the user it creates names that student.
+    let mut direct = Process::spawn_isolated(
+        &binaries().join("student-svc"),
+        &args(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &dbs.student_url,
+        ]),
+        &env(&[
+            ("STUDENT_LINK_MODE", "direct".into()),
+            ("USERS_URL", format!("https://{users_addr}")),
+            ("USERS_TLS_CA", path(&ca)),
+            ("USERS_AUTH_TOKEN", TOKEN.into()),
+        ]),
+        &log("student-svc-direct"),
+    )
+    .expect("student-svc in direct mode");
+    let direct_addr = direct
+        .listening_addr(Duration::from_secs(30))
+        .expect("listens");
+    let created = StudentServiceClient::new(channel(direct_addr, None))
+        .create_student(student_request(2))
+        .await
+        .expect("created through Users")
+        .into_inner();
+    let user_id: uuid::Uuid = created.user_id.parse().expect("linked at once");
+    let user = users_svc::entity::users::Entity::find_by_id(user_id)
+        .one(&users_db)
+        .await
+        .expect("Users DB")
+        .expect("the user it named");
+    assert_eq!(user.student_id.to_string(), created.id);
 }
 
 const OLD_TOKEN: &str = "old-token-0123456789abcdef";
