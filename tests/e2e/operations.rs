@@ -595,6 +595,11 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         .await
         .expect("delete student 3's user");
 
+    // More students than the audit reads in one page (500), all older than the four, so
+    // their problems are on its second page: students written straight to the table, not
+    // yet linked and with no row (nothing to disagree about).
+    insert_unlinked_students_an_hour_old(&stack.student_db, 600).await;
+
     let rows = stack.outbox_rows().await;
     let row_of = |n: usize| {
         rows.iter()
@@ -639,7 +644,7 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     let mut lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
     assert_eq!(
         lines.pop().as_deref(),
-        Some("checked=4 problems=5"),
+        Some("checked=604 problems=5"),
         "{stdout}"
     );
     lines.sort();
@@ -690,6 +695,44 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     let stderr = String::from_utf8_lossy(&audit.stderr);
     assert_eq!(audit.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot ask Users about user"), "{stderr}");
+}
+
+/// Writes `count` students created an hour ago (so their UUIDv7 ids sort first), none
+/// linked, none with an outbox row.
+async fn insert_unlinked_students_an_hour_old(db: &sea_orm::DatabaseConnection, count: usize) {
+    let hour_ago = chrono::Utc::now() - chrono::TimeDelta::hours(1);
+    let rows: Vec<students::ActiveModel> = (0..count)
+        .map(|n| {
+            let at = hour_ago + chrono::TimeDelta::milliseconds(n as i64);
+            let id = Uuid::new_v7(uuid::Timestamp::from_unix(
+                uuid::NoContext,
+                at.timestamp() as u64,
+                at.timestamp_subsec_nanos(),
+            ));
+            students::Model {
+                id,
+                first_name: "Filler".into(),
+                last_name: format!("Student {n}"),
+                email: format!("filler.{n}@example.edu"),
+                document_number: format!("FILL-{n}"),
+                user_id: None,
+                client_key: None,
+                request_hash: String::new(),
+                created_at: at,
+                updated_at: at,
+                version: 1,
+                synced_version: 0,
+                active: true,
+            }
+            .into()
+        })
+        .collect();
+    for chunk in rows.chunks(100) {
+        students::Entity::insert_many(chunk.to_vec())
+            .exec_without_returning(db)
+            .await
+            .expect("students");
+    }
 }
 
 async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon(
