@@ -73,6 +73,16 @@ impl Wakeup {
         }
     }
 
+    /// No wake-ups at all: only the poll interval starts a claim (what [`Self::for_database`]
+    /// falls back to). For tests that must tell the claim loop's own decisions from
+    /// wake-ups.
+    pub fn poll_only() -> Self {
+        Self {
+            notified: Arc::new(Notify::new()),
+            listener: None,
+        }
+    }
+
     /// Tells whether commits wake the relay (`LISTEN`, or the SQLite watcher) or only the
     /// poll interval does.
     pub fn is_listening(&self) -> bool {

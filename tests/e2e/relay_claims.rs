@@ -34,6 +34,7 @@ on_both_backends!(
     a_late_finalize_changes_nothing_once_its_claim_is_gone,
     a_group_commit_records_each_row_as_it_would_alone,
     a_claim_takes_no_more_rows_than_free_call_slots,
+    a_full_claim_claims_again_at_once,
     after_a_claim_its_connection_commits_durably_again,
     a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing,
     a_claim_after_a_quiet_spell_does_the_work_of_its_rows_not_of_the_backlog,
@@ -1087,6 +1088,44 @@ async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays)
     shutdown.cancel();
     running.await.expect("relay task");
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 2).await;
+}
+
+/// README: the loop "claims again at once after a full claim". Ten rows wait, a claim
+/// takes four at most, and nothing wakes the relay but a 300 s poll: the three claims
+/// follow each other at once.
+async fn a_full_claim_claims_again_at_once(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..10).await;
+    let relay = app.relay_with(
+        &app.users_url(),
+        RunConfig {
+            poll_interval: Duration::from_secs(300),
+            batch_size: 4,
+            ..test_tuning()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(Wakeup::poll_only(), shutdown).await }
+    });
+    eventually(
+        "the whole backlog delivered without a poll",
+        Duration::from_secs(20),
+        || async {
+            rows(&app)
+                .await
+                .iter()
+                .all(|row| row.status == OutboxStatus::Done)
+                .then_some(())
+        },
+    )
+    .await;
+    shutdown.cancel();
+    running.await.expect("relay task");
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 10).await;
 }
 
 /// PostgreSQL only: its cached query plans are what is at stake. A plan cached while the
