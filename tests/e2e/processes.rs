@@ -1149,23 +1149,25 @@ async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backen
 }
 
 /// Users sheds what exceeds its `--max-concurrent-requests` (RESOURCE_EXHAUSTED, the call
-/// not judged). A relay sending far more at once sends fewer, and sends each shed call
-/// again after the wait Users asks for, inside the row's lease: no write, no attempt used.
-/// With only two attempts allowed, every student is still linked at its first attempt.
+/// not judged). A relay sending far more at once sends fewer (it claims no more rows than
+/// its lowered limit lets it send), and sends each shed call again after the wait Users
+/// asks for, inside the row's lease: no write, no attempt used. With only two attempts
+/// allowed, every student is still linked at its first attempt.
 async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     stack.kill_relays();
-    // Two calls at most, each held 50 ms: a relay sending 30 rows two to a call overruns
-    // it at once.
+    // Two calls at most, each held 50 ms: a relay sending 64 rows two to a call overruns
+    // it at once, and 200 rows keep it busy for seconds.
+    const BACKLOG: usize = 200;
     stack
         .restart_users_with(
             Some("users-on-request=sleep(50)"),
             &["--max-concurrent-requests", "2"],
         )
         .await;
-    stack.create_students(0..30).await;
+    stack.create_students(0..BACKLOG).await;
     // A lease of 15 s (the default; the tests' own is 2 s) leaves time for every wait.
     stack.start_relay(
         None,
@@ -1185,7 +1187,25 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
     let relay_metrics = stack.metrics_addr("relay-1").await;
     let in_flight_limit =
         || async move { sample(&scrape(relay_metrics).await, "relay_in_flight_limit", &[]) };
-    stack.wait_until_all_linked(30).await;
+    stack
+        .wait_for_relay_log_lines("Users is shedding calls; sending fewer at once", 1)
+        .await;
+    // Once the rows claimed before the first shed are sent, the relay holds no more rows
+    // than its lowered limit, though more wait: at some moment rows are pending and at most
+    // half of --concurrency are claimed. (Claiming up to --concurrency whatever the limit,
+    // it would hold about 64 until the backlog is gone.)
+    eventually(
+        "fewer rows claimed while more wait",
+        LINK_DEADLINE,
+        || async {
+            let rows = stack.outbox_rows().await;
+            let count = |status| rows.iter().filter(|row| row.status == status).count();
+            (count(OutboxStatus::Pending) > 0 && count(OutboxStatus::Processing) <= 32)
+                .then_some(())
+        },
+    )
+    .await;
+    stack.wait_until_all_linked(BACKLOG as u64).await;
     assert_linked_at_first_attempt(&stack.outbox_rows().await);
     let log = stack.relay_log();
     assert!(
@@ -1199,7 +1219,7 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
 
     // Users' limit lifted: as calls are answered, the relay sends more again.
     stack.restart_users(None).await;
-    let mut created = 30;
+    let mut created = BACKLOG;
     eventually("the relay's limit to grow back", LINK_DEADLINE, || {
         let more = created..created + 20;
         created += 20;
