@@ -423,14 +423,18 @@ async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
     )
     .await;
     // Waves of 100 concurrent calls against a limit of 4, until told to stop: the flood is
-    // certainly in flight while health is probed below.
+    // certainly in flight while health is probed below. Told to stop however this test
+    // ends (a failed assertion included), and after a minute in any case, so a failing run
+    // cannot flood on.
     let stop = Arc::new(AtomicBool::new(false));
+    let stop_on_exit = StopOnDrop(stop.clone());
     let flood = tokio::spawn({
         let (users, stop) = (app.users.clone(), stop.clone());
         async move {
             let mut answers = Vec::new();
             let mut wave = 0;
-            while !stop.load(Ordering::Relaxed) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while !stop.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
                 let calls = (0..100).map(|n| {
                     let mut users = users.clone();
                     let n = wave * 100 + n;
@@ -454,7 +458,7 @@ async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
         assert!(!flood.is_finished(), "the flood was still in flight");
     }
 
-    stop.store(true, Ordering::Relaxed);
+    drop(stop_on_exit);
     let answers = flood.await.expect("flood task");
 
     let mut accepted = 0;
@@ -684,4 +688,13 @@ async fn health_is_not_serving_until_the_first_database_check_passes(backend: Ba
         .await;
     }
     shutdown.cancel();
+}
+
+/// Sets its flag when dropped: at the end of a scope, or when a panic unwinds through it.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
