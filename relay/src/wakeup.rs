@@ -65,17 +65,13 @@ impl Wakeup {
             },
             Err::<_, anyhow::Error>(err) => {
                 tracing::warn!(error = format!("{err:#}"), "cannot {what}; polling only");
-                Self {
-                    notified,
-                    listener: None,
-                }
+                Self::poll_only()
             }
         }
     }
 
     /// No wake-ups at all: only the poll interval starts a claim (what [`Self::for_database`]
-    /// falls back to). For tests that must tell the claim loop's own decisions from
-    /// wake-ups.
+    /// falls back to; tests use it to tell the claim loop's own decisions from wake-ups).
     pub fn poll_only() -> Self {
         Self {
             notified: Arc::new(Notify::new()),

@@ -1,13 +1,7 @@
 //! The API contract clients act on: races on one key, domain rules kept apart from the
 //! inbox, typed error details, size and load limits.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::time::Duration;
 
 use sea_orm::{EntityTrait, TransactionTrait, sea_query::Expr};
 use users_svc::entity::users;
@@ -17,7 +11,8 @@ use proto::{
     student::v1::{CreateStudentRequest, GetStudentRequest, ListStudentsRequest},
     users::v1::{CreateUserRequest, GetUserRequest},
 };
-use tonic::{Code, Status};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status, transport::Channel};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -405,17 +400,7 @@ async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
         .expect("endpoint")
         .connect_lazy();
     let health = HealthClient::new(channel);
-    let check = || {
-        let mut health = health.clone();
-        async move {
-            health
-                .check(HealthCheckRequest {
-                    service: "users.v1.UsersService".into(),
-                })
-                .await
-                .map(|answer| answer.into_inner().status())
-        }
-    };
+    let check = || health_status(&health, "users.v1.UsersService");
     eventually(
         "users-svc to report SERVING",
         Duration::from_secs(10),
@@ -426,15 +411,15 @@ async fn a_flood_is_shed_quickly_and_the_service_recovers(backend: Backend) {
     // certainly in flight while health is probed below. Told to stop however this test
     // ends (a failed assertion included), and after a minute in any case, so a failing run
     // cannot flood on.
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop_on_exit = StopOnDrop(stop.clone());
+    let stop = CancellationToken::new();
+    let stop_on_exit = stop.clone().drop_guard();
     let flood = tokio::spawn({
         let (users, stop) = (app.users.clone(), stop.clone());
         async move {
             let mut answers = Vec::new();
             let mut wave = 0;
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while !stop.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
+            while !stop.is_cancelled() && tokio::time::Instant::now() < deadline {
                 let calls = (0..100).map(|n| {
                     let mut users = users.clone();
                     let n = wave * 100 + n;
@@ -649,8 +634,8 @@ async fn health_is_not_serving_until_the_first_database_check_passes(backend: Ba
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(users_svc::run(
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(users_svc::run(
         listener,
         db.clone(),
         ServerOptions::default(),
@@ -662,17 +647,7 @@ async fn health_is_not_serving_until_the_first_database_check_passes(backend: Ba
         .expect("endpoint")
         .connect_lazy();
     let health = HealthClient::new(channel);
-    let check = |service: &'static str| {
-        let mut health = health.clone();
-        async move {
-            health
-                .check(HealthCheckRequest {
-                    service: service.into(),
-                })
-                .await
-                .map(|answer| answer.into_inner().status())
-        }
-    };
+    let check = |service| health_status(&health, service);
     for service in ["", "users.v1.UsersService"] {
         let status = check(service).await.expect("health knows the service");
         assert_eq!(status, ServingStatus::NotServing, "service {service:?}");
@@ -688,13 +663,22 @@ async fn health_is_not_serving_until_the_first_database_check_passes(backend: Ba
         .await;
     }
     shutdown.cancel();
+    server
+        .await
+        .expect("server task")
+        .expect("users-svc stops cleanly");
 }
 
-/// Sets its flag when dropped: at the end of a scope, or when a panic unwinds through it.
-struct StopOnDrop(Arc<AtomicBool>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
+/// What health answers for `service` (`""`: the server as a whole).
+async fn health_status(
+    health: &HealthClient<Channel>,
+    service: &str,
+) -> Result<ServingStatus, Status> {
+    health
+        .clone()
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .map(|answer| answer.into_inner().status())
 }

@@ -24,7 +24,7 @@ use uuid::Uuid;
 use crate::{
     on_both_backends,
     support::{
-        Backend, conflicting_user_request, eventually,
+        Backend, conflicting_user_request, eventually, insert_unlinked_students,
         invariants::{
             assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
         },
@@ -448,8 +448,10 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
     // values are staged by tests of their own, which read them in a real scrape:
     // `result="expired"` (`retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon`)
     // and `reason="UNAUTHENTICATED"` (`security::a_token_rotation_under_a_pending_backlog_fails_no_row`).
-    const STAGED_ELSEWHERE: [(&str, &str); 2] =
-        [("result", "expired"), ("reason", "UNAUTHENTICATED")];
+    const STAGED_ELSEWHERE: [(&str, &str, &str); 2] = [
+        ("inbox_requests_total", "result", "expired"),
+        ("users_rejected_total", "reason", "UNAUTHENTICATED"),
+    ];
     let scrapes = [
         scrape(stack.metrics_addr("student-svc").await).await,
         users,
@@ -465,9 +467,9 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
         );
         for (key, value) in &labels {
             let known = if key == "grpc_code" {
-                GRPC_CODES.contains(&value.as_str())
+                (0..=16).any(|n| platform::status::code_name(Code::from(n)) == value)
             } else {
-                STAGED_ELSEWHERE.contains(&(key.as_str(), value.as_str()))
+                STAGED_ELSEWHERE.contains(&(name.as_str(), key.as_str(), value.as_str()))
                     || scrapes
                         .iter()
                         .any(|s| has_label_value(s, &name, key, value))
@@ -484,27 +486,6 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
         }
     }
 }
-
-/// The names of gRPC's status codes, as `grpc_code` labels carry them.
-const GRPC_CODES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
 
 /// SQLite has one write lock per file, which student-svc and the relays share: a writer
 /// that finds it taken pauses 1 ms and tries again (`platform::db`'s busy handler), and
@@ -598,7 +579,8 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     // More students than the audit reads in one page (500), all older than the four, so
     // their problems are on its second page: students written straight to the table, not
     // yet linked and with no row (nothing to disagree about).
-    insert_unlinked_students_an_hour_old(&stack.student_db, 600).await;
+    let hour_ago = chrono::Utc::now() - chrono::TimeDelta::hours(1);
+    insert_unlinked_students(&stack.student_db, 600, hour_ago).await;
 
     let rows = stack.outbox_rows().await;
     let row_of = |n: usize| {
@@ -695,44 +677,6 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     let stderr = String::from_utf8_lossy(&audit.stderr);
     assert_eq!(audit.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot ask Users about user"), "{stderr}");
-}
-
-/// Writes `count` students created an hour ago (so their UUIDv7 ids sort first), none
-/// linked, none with an outbox row.
-async fn insert_unlinked_students_an_hour_old(db: &sea_orm::DatabaseConnection, count: usize) {
-    let hour_ago = chrono::Utc::now() - chrono::TimeDelta::hours(1);
-    let rows: Vec<students::ActiveModel> = (0..count)
-        .map(|n| {
-            let at = hour_ago + chrono::TimeDelta::milliseconds(n as i64);
-            let id = Uuid::new_v7(uuid::Timestamp::from_unix(
-                uuid::NoContext,
-                at.timestamp() as u64,
-                at.timestamp_subsec_nanos(),
-            ));
-            students::Model {
-                id,
-                first_name: "Filler".into(),
-                last_name: format!("Student {n}"),
-                email: format!("filler.{n}@example.edu"),
-                document_number: format!("FILL-{n}"),
-                user_id: None,
-                client_key: None,
-                request_hash: String::new(),
-                created_at: at,
-                updated_at: at,
-                version: 1,
-                synced_version: 0,
-                active: true,
-            }
-            .into()
-        })
-        .collect();
-    for chunk in rows.chunks(100) {
-        students::Entity::insert_many(chunk.to_vec())
-            .exec_without_returning(db)
-            .await
-            .expect("students");
-    }
 }
 
 async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon(

@@ -1191,17 +1191,19 @@ async fn calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer(backend: Ba
         .wait_for_relay_log_lines("Users is shedding calls; sending fewer at once", 1)
         .await;
     // Once the rows claimed before the first shed are sent, the relay holds no more rows
-    // than its lowered limit, though more wait: at some moment rows are pending and at most
-    // half of --concurrency are claimed. (Claiming up to --concurrency whatever the limit,
-    // it would hold about 64 until the backlog is gone.)
+    // than its lowered limit, though more wait: for three reads in a row, rows are pending
+    // and at most half of --concurrency are claimed. (Claiming up to --concurrency
+    // whatever the limit, it would hold about 64 until the backlog is gone.)
+    let streak = std::cell::Cell::new(0);
     eventually(
         "fewer rows claimed while more wait",
         LINK_DEADLINE,
         || async {
             let rows = stack.outbox_rows().await;
             let count = |status| rows.iter().filter(|row| row.status == status).count();
-            (count(OutboxStatus::Pending) > 0 && count(OutboxStatus::Processing) <= 32)
-                .then_some(())
+            let fewer = count(OutboxStatus::Pending) > 0 && count(OutboxStatus::Processing) <= 32;
+            streak.set(if fewer { streak.get() + 1 } else { 0 });
+            (streak.get() == 3).then_some(())
         },
     )
     .await;

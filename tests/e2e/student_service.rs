@@ -17,7 +17,10 @@ use uuid::Uuid;
 
 use crate::{
     on_both_backends,
-    support::{Backend, invariants::students_and_outbox_rows, pgbench, spawn_app, student_request},
+    support::{
+        Backend, insert_unlinked_students, invariants::students_and_outbox_rows, pgbench,
+        spawn_app, student_request,
+    },
 };
 
 on_both_backends!(
@@ -525,34 +528,7 @@ async fn list_students_pages_default_to_50_and_hold_500_at_most(backend: Backend
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let start = chrono::Utc::now();
-    let rows: Vec<students::ActiveModel> = (0..501)
-        .map(|n| {
-            let at = start + chrono::TimeDelta::milliseconds(n);
-            students::Model {
-                id: Uuid::now_v7(),
-                first_name: "Ana".into(),
-                last_name: format!("Pérez {n}"),
-                email: format!("ana.{n}@example.edu"),
-                document_number: format!("DOC-{n}"),
-                user_id: None,
-                client_key: None,
-                request_hash: String::new(),
-                created_at: at,
-                updated_at: at,
-                version: 1,
-                synced_version: 0,
-                active: true,
-            }
-            .into()
-        })
-        .collect();
-    for chunk in rows.chunks(100) {
-        students::Entity::insert_many(chunk.to_vec())
-            .exec_without_returning(&app.student_db)
-            .await
-            .expect("students");
-    }
+    insert_unlinked_students(&app.student_db, 501, chrono::Utc::now()).await;
     let page = |page_size, page_token: &str| {
         let request = ListStudentsRequest {
             page_size,

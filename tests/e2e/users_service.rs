@@ -604,6 +604,8 @@ fn the_pgbench_create_user_scripts_write_the_columns_the_service_writes() {
     );
 }
 
+/// README ("an answer is remembered only after its commit"): a rejection whose commit
+/// failed is not in the table, so this process must not answer it from memory either.
 async fn a_rejection_whose_commit_failed_is_not_remembered(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;

@@ -206,9 +206,13 @@ pub fn alert_test_series() -> Vec<(String, Vec<(String, String)>)> {
     let tests = std::fs::read_to_string(ops.join("alerts.test.yml")).expect("ops/alerts.test.yml");
     tests
         .lines()
-        .filter_map(|line| line.trim_start().strip_prefix("- series: '"))
+        .filter_map(|line| line.trim_start().strip_prefix("- series:"))
         .map(|series| {
-            let series = series.strip_suffix('\'').expect("a quoted series");
+            let series = series
+                .trim()
+                .strip_prefix('\'')
+                .and_then(|series| series.strip_suffix('\''))
+                .unwrap_or_else(|| panic!("a series in single quotes: {series}"));
             let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
             let labels = labels
                 .strip_suffix('}')

@@ -89,3 +89,47 @@ pub fn conflicting_user_request(n: usize) -> CreateUserRequest {
         student_id: uuid::Uuid::now_v7().to_string(),
     }
 }
+
+/// Writes `count` students straight to the Student DB, the first created at `first` and
+/// each a millisecond after the one before (their UUIDv7 ids in the same order); none
+/// linked, none with an outbox row: nothing a relay or an audit has to do with them.
+pub async fn insert_unlinked_students(
+    db: &sea_orm::DatabaseConnection,
+    count: usize,
+    first: chrono::DateTime<chrono::Utc>,
+) {
+    use sea_orm::EntityTrait as _;
+    use student_store::entity::students;
+    let rows: Vec<students::ActiveModel> = (0..count)
+        .map(|n| {
+            let at = first + chrono::TimeDelta::milliseconds(n as i64);
+            let id = uuid::Uuid::new_v7(uuid::Timestamp::from_unix(
+                uuid::NoContext,
+                at.timestamp() as u64,
+                at.timestamp_subsec_nanos(),
+            ));
+            students::Model {
+                id,
+                first_name: "Filler".into(),
+                last_name: format!("Student {n}"),
+                email: format!("filler.{n}@example.edu"),
+                document_number: format!("FILL-{n}"),
+                user_id: None,
+                client_key: None,
+                request_hash: String::new(),
+                created_at: at,
+                updated_at: at,
+                version: 1,
+                synced_version: 0,
+                active: true,
+            }
+            .into()
+        })
+        .collect();
+    for chunk in rows.chunks(100) {
+        students::Entity::insert_many(chunk.to_vec())
+            .exec_without_returning(db)
+            .await
+            .expect("students");
+    }
+}
