@@ -302,24 +302,32 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     let users_addr = users
         .listening_addr(Duration::from_secs(30))
         .expect("listens");
-    let mut student = Process::spawn_isolated(
-        &binaries().join("student-svc"),
-        &args(&[
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &dbs.student_url,
-        ]),
-        &env(&[
+    // student-svc on this test's Student DB, set up by its environment only.
+    let start_student = |variables: &[(&str, String)], name: &str| {
+        let mut process = Process::spawn_isolated(
+            &binaries().join("student-svc"),
+            &args(&[
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &dbs.student_url,
+            ]),
+            &env(variables),
+            &log(name),
+        )
+        .expect("student-svc starts");
+        let addr = process
+            .listening_addr(Duration::from_secs(30))
+            .expect("listens");
+        (process, addr)
+    };
+    let (_student, student_addr) = start_student(
+        &[
             ("STUDENT_TLS_CERT", path(&cert)),
             ("STUDENT_TLS_KEY", path(&key)),
-        ]),
-        &log("student-svc"),
-    )
-    .expect("student-svc");
-    let student_addr = student
-        .listening_addr(Duration::from_secs(30))
-        .expect("listens");
+        ],
+        "student-svc",
+    );
     let relay_env = env(&[
         ("STUDENT_DATABASE_URL", dbs.student_url.clone()),
         ("USERS_URL", format!("https://{users_addr}")),
@@ -395,26 +403,15 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     // The naive flow takes the same settings from the same variables (README,
     // configuration: read by `--link-mode direct` only): its CreateStudent calls Users
     // itself, over TLS with the token, and the user it creates names that student.
-    let mut direct = Process::spawn_isolated(
-        &binaries().join("student-svc"),
-        &args(&[
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &dbs.student_url,
-        ]),
-        &env(&[
+    let (_direct, direct_addr) = start_student(
+        &[
             ("STUDENT_LINK_MODE", "direct".into()),
             ("USERS_URL", format!("https://{users_addr}")),
             ("USERS_TLS_CA", path(&ca)),
             ("USERS_AUTH_TOKEN", TOKEN.into()),
-        ]),
-        &log("student-svc-direct"),
-    )
-    .expect("student-svc in direct mode");
-    let direct_addr = direct
-        .listening_addr(Duration::from_secs(30))
-        .expect("listens");
+        ],
+        "student-svc-direct",
+    );
     let created = StudentServiceClient::new(channel(direct_addr, None))
         .create_student(student_request(2))
         .await

@@ -138,6 +138,17 @@ fn request(key: &str) -> CreateUserRequest {
     }
 }
 
+/// An app where [`request`]`("first-key")` created a user: its document number is taken.
+async fn app_with_a_document_holder(backend: Backend) -> Option<crate::support::TestApp> {
+    let app = spawn_app(backend).await?;
+    app.users
+        .clone()
+        .create_user(request("first-key"))
+        .await
+        .expect("created");
+    Some(app)
+}
+
 /// Another student's request under `key`, with the document number [`request`] sends.
 fn another_student_same_document(key: &str) -> CreateUserRequest {
     CreateUserRequest {
@@ -453,14 +464,10 @@ async fn invalid_create_user_fields_are_named_and_nothing_is_stored(backend: Bac
 async fn another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays(
     backend: Backend,
 ) {
-    let Some(app) = spawn_app(backend).await else {
+    let Some(app) = app_with_a_document_holder(backend).await else {
         return;
     };
     let mut users = app.users.clone();
-    users
-        .create_user(request("first-key"))
-        .await
-        .expect("created");
     let second = another_student_same_document("second-key");
     // The second key's inbox row was fine and its user was not: both are one statement on
     // PostgreSQL (one transaction on SQLite), so the inbox row must not stay and answer
@@ -487,14 +494,9 @@ async fn another_key_with_a_taken_document_number_is_rejected_and_the_rejection_
 async fn a_rejected_key_repeated_where_memory_does_not_know_it_keeps_its_rejection(
     backend: Backend,
 ) {
-    let Some(app) = spawn_app(backend).await else {
+    let Some(app) = app_with_a_document_holder(backend).await else {
         return;
     };
-    app.users
-        .clone()
-        .create_user(request("first-key"))
-        .await
-        .expect("created");
     let second = another_student_same_document("second-key");
     let status = app
         .users
@@ -607,14 +609,10 @@ fn the_pgbench_create_user_scripts_write_the_columns_the_service_writes() {
 /// README ("an answer is remembered only after its commit"): a rejection whose commit
 /// failed is not in the table, so this process must not answer it from memory either.
 async fn a_rejection_whose_commit_failed_is_not_remembered(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else {
+    let Some(app) = app_with_a_document_holder(backend).await else {
         return;
     };
     let mut users = app.users.clone();
-    users
-        .create_user(request("first-key"))
-        .await
-        .expect("created");
     // The database refuses to commit the second key's inbox row: its insert passes, and
     // the commit after it fails.
     refuse_to_commit_inbox_row(&app.users_db, backend, "second-key").await;
