@@ -224,8 +224,14 @@ extern "C" fn wait_for_the_write_lock(_: *mut c_void, tries: c_int) -> c_int {
 /// other writers held SQLite's one write lock for longer than the busy timeout. Nothing of
 /// the request was written; sent again later, it may pass.
 pub fn is_sqlite_busy(err: &DbErr) -> bool {
-    database_code(err)
-        .and_then(|code| code.parse::<i32>().ok())
+    // Only SQLite's codes are numbers to mask: a PostgreSQL SQLSTATE can be all digits too
+    // (22021, an invalid byte sequence, is 5 in its low byte).
+    database_error(err)
+        .filter(|err| {
+            err.try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>()
+                .is_some()
+        })
+        .and_then(|err| err.code()?.parse::<i32>().ok())
         .is_some_and(|code| code & 0xff == 5)
 }
 
@@ -246,6 +252,11 @@ pub fn is_database_error(err: &DbErr) -> bool {
 
 /// The database's own code for `err`: PostgreSQL's SQLSTATE, SQLite's result code.
 fn database_code(err: &DbErr) -> Option<String> {
+    database_error(err)?.code().map(|code| code.into_owned())
+}
+
+/// The database's own answer inside `err`, if it holds one.
+fn database_error(err: &DbErr) -> Option<&dyn sea_orm::sqlx::error::DatabaseError> {
     let (DbErr::Conn(runtime) | DbErr::Exec(runtime) | DbErr::Query(runtime)) = err else {
         return None;
     };
@@ -255,7 +266,7 @@ fn database_code(err: &DbErr) -> Option<String> {
     let sea_orm::sqlx::Error::Database(err) = err.as_ref() else {
         return None;
     };
-    err.code().map(|code| code.into_owned())
+    Some(err.as_ref())
 }
 
 /// Begins a transaction that will write.

@@ -682,3 +682,29 @@ async fn health_status(
         .await
         .map(|answer| answer.into_inner().status())
 }
+
+/// PostgreSQL only: its SQLSTATEs are what is at stake. A PostgreSQL error whose SQLSTATE is
+/// all digits (22021: an invalid byte sequence) was once read as SQLite's result code, and
+/// 22021 has SQLite's BUSY (5) in its low byte: the client was told "the database was
+/// locked, send it again later" (UNAVAILABLE) for an error no retry would pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_error_is_never_taken_for_sqlite_busy() {
+    let Some(dbs) = TestDatabases::create(Backend::Postgres).await else {
+        return;
+    };
+    let db = platform::db::connect(&dbs.users_url)
+        .await
+        .expect("Users DB");
+    let err = sea_orm::ConnectionTrait::execute_unprepared(
+        &db,
+        r"SELECT convert_from('\xff'::bytea, 'UTF8')",
+    )
+    .await
+    .expect_err("not UTF-8");
+    // PostgreSQL's answer (SQLSTATE 22021), not a lost connection.
+    assert!(platform::db::is_database_error(&err), "{err}");
+    assert!(err.to_string().contains("invalid byte sequence"), "{err}");
+    assert!(!platform::db::is_sqlite_busy(&err));
+    let status = platform::status::database_error(&err, "users.v1");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+}
