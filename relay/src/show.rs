@@ -82,8 +82,19 @@ mod tests {
 
     #[test]
     fn each_row_is_a_block_and_the_payload_is_never_printed() {
+        // The second row is held by a relay and was processed before: each time in its
+        // own field.
+        let mut held = row(9, 2);
+        let at = |second| {
+            DateTime::parse_from_rfc3339(&format!("2026-12-01T11:00:{second:02}.5Z"))
+                .expect("a time")
+                .with_timezone(&Utc)
+        };
+        held.processed_at = Some(at(1));
+        held.locked_by = Some("relay-a".into());
+        held.locked_until = Some(at(2));
         let mut out = Vec::new();
-        print(&[row(7, 1), row(9, 2)], &mut out).expect("write to memory");
+        print(&[row(7, 1), held], &mut out).expect("write to memory");
         let text = String::from_utf8(out).expect("utf-8");
         let blocks: Vec<&str> = text.split("\n\n").collect();
         assert_eq!(blocks.len(), 2, "{text}");
@@ -98,6 +109,13 @@ mod tests {
              result -\ntrace_id -"
         );
         assert!(blocks[1].starts_with("outbox_id 9\n"));
+        assert!(
+            blocks[1].contains(
+                "processed_at 2026-12-01T11:00:01.500000Z\nlocked_by relay-a\n\
+                 locked_until 2026-12-01T11:00:02.500000Z\n"
+            ),
+            "{text}"
+        );
         assert!(!text.contains("never@printed"), "{text}");
     }
 }
