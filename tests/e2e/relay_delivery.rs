@@ -1,6 +1,12 @@
 //! The relay's delivery step, driven directly against in-process services.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use proto::{
     student::v1::{GetStudentRequest, UserLinkStatus},
@@ -21,6 +27,7 @@ use student_store::entity::{
     students,
 };
 use student_store::outbox::DoneCount;
+use tonic::Code;
 use users_svc::entity::users;
 use uuid::Uuid;
 
@@ -44,6 +51,7 @@ on_both_backends!(
     replay_answers_from_the_inbox_and_creates_nothing,
     status_counts_rows_per_status,
     a_users_without_create_users_gets_one_call_per_row,
+    a_call_refused_whole_as_invalid_sends_its_rows_one_call_each,
     rows_too_large_for_one_call_go_one_call_each,
 );
 
@@ -608,91 +616,136 @@ async fn status_counts_rows_per_status(backend: Backend) {
     assert_eq!(estimated, frozen_estimate);
 }
 
-/// A Users older than CreateUsers: every method but CreateUsers, which it answers
-/// UNIMPLEMENTED as tonic answers an unknown method.
-struct UsersWithoutCreateUsers(users_svc::UsersApi);
+/// A Users that refuses every CreateUsers call whole with `refusal` (an older Users answers
+/// UNIMPLEMENTED, as tonic answers an unknown method) and counts them; every other method
+/// is the real one.
+struct UsersRefusingCreateUsers {
+    real: users_svc::UsersApi,
+    refusal: Code,
+    calls: Arc<AtomicUsize>,
+}
 
 #[tonic::async_trait]
-impl UsersService for UsersWithoutCreateUsers {
+impl UsersService for UsersRefusingCreateUsers {
     async fn create_user(
         &self,
         request: tonic::Request<CreateUserRequest>,
     ) -> Result<tonic::Response<CreateUserResponse>, tonic::Status> {
-        self.0.create_user(request).await
+        self.real.create_user(request).await
     }
 
     async fn create_users(
         &self,
         _: tonic::Request<CreateUsersRequest>,
     ) -> Result<tonic::Response<CreateUsersResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented(""))
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(tonic::Status::new(
+            self.refusal,
+            "refused whole by the test",
+        ))
     }
 
     async fn update_user(
         &self,
         request: tonic::Request<UpdateUserRequest>,
     ) -> Result<tonic::Response<UpdateUserResponse>, tonic::Status> {
-        self.0.update_user(request).await
+        self.real.update_user(request).await
     }
 
     async fn disable_user(
         &self,
         request: tonic::Request<DisableUserRequest>,
     ) -> Result<tonic::Response<DisableUserResponse>, tonic::Status> {
-        self.0.disable_user(request).await
+        self.real.disable_user(request).await
     }
 
     async fn get_user(
         &self,
         request: tonic::Request<GetUserRequest>,
     ) -> Result<tonic::Response<User>, tonic::Status> {
-        self.0.get_user(request).await
+        self.real.get_user(request).await
     }
 }
 
-/// A relay upgraded before Users: its many-row call is refused as unknown, and it sends the
-/// same rows one CreateUser call each, at once and from then on: every row linked at its
-/// first attempt, none failed.
-async fn a_users_without_create_users_gets_one_call_per_row(backend: Backend) {
-    let Some(app) = spawn_app(backend).await else {
-        return;
-    };
+/// Serves [`UsersRefusingCreateUsers`] over `app`'s Users DB until the guard drops; its
+/// URL and the count of CreateUsers calls it refused.
+async fn users_refusing_create_users(
+    app: &TestApp,
+    refusal: Code,
+) -> (String, Arc<AtomicUsize>, tokio_util::sync::DropGuard) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let settings = users_svc::InboxSettings::default();
-    let old_users = UsersWithoutCreateUsers(users_svc::UsersApi::new(
-        app.users_db.clone(),
-        settings.retention,
-        users_svc::answer_cache::AnswerCache::new(settings.cache_entries, settings.retention),
-    ));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let users = UsersRefusingCreateUsers {
+        real: users_svc::UsersApi::new(
+            app.users_db.clone(),
+            settings.retention,
+            users_svc::answer_cache::AnswerCache::new(settings.cache_entries, settings.retention),
+        ),
+        refusal,
+        calls: calls.clone(),
+    };
     let definition = platform::grpc_server::ServiceDefinition {
-        routes: tonic::service::Routes::new(UsersServiceServer::new(old_users)),
+        routes: tonic::service::Routes::new(UsersServiceServer::new(users)),
         name: "users.v1.UsersService",
         file_descriptor_set: proto::users::v1::FILE_DESCRIPTOR_SET,
     };
     let stop = tokio_util::sync::CancellationToken::new();
-    let _stop_on_drop = stop.clone().drop_guard();
     tokio::spawn(platform::grpc_server::serve(
         listener,
         definition,
         platform::grpc_server::ServerOptions::default(),
         app.users_db.clone(),
-        stop,
+        stop.clone(),
     ));
-    let relay = app.relay_to(&format!("http://{addr}"));
+    (format!("http://{addr}"), calls, stop.drop_guard())
+}
+
+/// A relay upgraded before Users: its many-row call is refused as unknown, and it sends the
+/// same rows one CreateUser call each, at once and from then on (one CreateUsers call in
+/// all): every row linked at its first attempt, none failed.
+async fn a_users_without_create_users_gets_one_call_per_row(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (url, create_users_calls, _users) =
+        users_refusing_create_users(&app, Code::Unimplemented).await;
+    let relay = app.relay_to(&url);
     create_students(&app, 3).await;
     let outcome = relay.deliver_batch().await.expect("batch");
     assert_eq!((outcome.claimed, outcome.delivered), (3, 3), "{outcome:?}");
     create_students_from(&app, 3..5).await;
     let outcome = relay.deliver_batch().await.expect("batch");
     assert_eq!((outcome.claimed, outcome.delivered), (2, 2), "{outcome:?}");
+    assert_eq!(create_users_calls.load(Ordering::SeqCst), 1, "asked once");
     assert!(
         statuses(&app).await.iter().all(|row| row.attempts == 1),
         "every row delivered at its first attempt"
     );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 5).await;
+}
+
+/// A CreateUsers call Users refuses whole as INVALID_ARGUMENT judged no item (a bad item
+/// is answered in its own slot): its rows go one CreateUser call each, and each gets its
+/// own verdict, here delivered at attempt 1, none failed for the call's sake.
+async fn a_call_refused_whole_as_invalid_sends_its_rows_one_call_each(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let (url, create_users_calls, _users) =
+        users_refusing_create_users(&app, Code::InvalidArgument).await;
+    create_students(&app, 3).await;
+    let outcome = app.relay_to(&url).deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (3, 3), "{outcome:?}");
+    assert_eq!(create_users_calls.load(Ordering::SeqCst), 1);
+    assert!(
+        statuses(&app).await.iter().all(|row| row.attempts == 1),
+        "every row delivered at its first attempt"
+    );
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 3).await;
 }
 
 /// Sixty students whose fields are as long as validation allows (about 1.2 KB a row) make
