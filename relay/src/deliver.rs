@@ -164,16 +164,8 @@ impl Relay {
     /// Splits claimed rows into the groups sent together (see `deliver_many.rs`): at most
     /// --rows-per-call each, and as even as that allows, so that the calls of one claim
     /// finish about together.
-    pub(crate) fn calls_of(&self, mut rows: Vec<outbox_row::Model>) -> Vec<Vec<outbox_row::Model>> {
-        let per_call = usize::from(self.config.rows_per_call).max(1);
-        let calls = rows.len().div_ceil(per_call);
-        let mut groups = Vec::with_capacity(calls);
-        for left in (1..=calls).rev() {
-            let take = rows.len().div_ceil(left);
-            let rest = rows.split_off(take);
-            groups.push(std::mem::replace(&mut rows, rest));
-        }
-        groups
+    pub(crate) fn calls_of(&self, rows: Vec<outbox_row::Model>) -> Vec<Vec<outbox_row::Model>> {
+        split_evenly(rows, usize::from(self.config.rows_per_call))
     }
 
     /// Claims up to `limit` due rows; returns them with the moment their lease ends as this
@@ -463,5 +455,42 @@ impl Delivery {
             Self::Unsent(_) | Self::Shed => Outcome::Released,
             Self::Superseded => Outcome::Superseded,
         }
+    }
+}
+
+/// `items` in order, in the fewest groups of at most `per_call` each, their sizes differing
+/// by one at most (the larger first).
+fn split_evenly<T>(mut items: Vec<T>, per_call: usize) -> Vec<Vec<T>> {
+    let calls = items.len().div_ceil(per_call.max(1));
+    let mut groups = Vec::with_capacity(calls);
+    for left in (1..=calls).rev() {
+        let take = items.len().div_ceil(left);
+        let rest = items.split_off(take);
+        groups.push(std::mem::replace(&mut items, rest));
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_split_into_the_fewest_calls_as_evenly_as_they_go() {
+        let sizes = |n: usize, per_call| -> Vec<usize> {
+            split_evenly((0..n).collect(), per_call)
+                .iter()
+                .map(Vec::len)
+                .collect()
+        };
+        assert_eq!(sizes(9, 4), [3, 3, 3]);
+        assert_eq!(sizes(10, 4), [4, 3, 3]);
+        assert_eq!(sizes(16, 4), [4, 4, 4, 4]);
+        assert_eq!(sizes(17, 16), [9, 8]);
+        assert_eq!(sizes(1, 16), [1]);
+        assert!(sizes(0, 16).is_empty());
+        assert_eq!(sizes(3, 0), [1, 1, 1], "0 rows per call counts as 1");
+        let groups = split_evenly((0..5).collect::<Vec<i32>>(), 2);
+        assert_eq!(groups, [vec![0, 1], vec![2, 3], vec![4]], "in order");
     }
 }
