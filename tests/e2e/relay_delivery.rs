@@ -2,10 +2,10 @@
 
 use std::{
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use proto::{
@@ -52,6 +52,7 @@ on_both_backends!(
     status_counts_rows_per_status,
     a_users_without_create_users_gets_one_call_per_row,
     a_call_refused_whole_as_invalid_sends_its_rows_one_call_each,
+    a_shed_call_is_sent_again_after_the_wait_users_asks_for,
     rows_too_large_for_one_call_go_one_call_each,
 );
 
@@ -616,33 +617,49 @@ async fn status_counts_rows_per_status(backend: Backend) {
     assert_eq!(estimated, frozen_estimate);
 }
 
-/// A Users that refuses every CreateUsers call whole with `refusal` (an older Users answers
-/// UNIMPLEMENTED, as tonic answers an unknown method) and counts them; every other method
-/// is the real one.
-struct UsersRefusingCreateUsers {
+/// The real Users, but for what a test scripts: CreateUsers refused whole with a code (an
+/// older Users answers UNIMPLEMENTED, as tonic answers an unknown method), and the first
+/// CreateUser shed with a `RetryInfo` wait. It counts CreateUsers calls and notes when each
+/// CreateUser call arrived.
+#[derive(Default)]
+struct Script {
+    refuse_create_users: Option<Code>,
+    shed_first_create_user: Option<Duration>,
+}
+
+struct ScriptedUsers {
     real: users_svc::UsersApi,
-    refusal: Code,
-    calls: Arc<AtomicUsize>,
+    script: Script,
+    create_users_calls: Arc<AtomicUsize>,
+    create_user_calls: Arc<Mutex<Vec<Instant>>>,
 }
 
 #[tonic::async_trait]
-impl UsersService for UsersRefusingCreateUsers {
+impl UsersService for ScriptedUsers {
     async fn create_user(
         &self,
         request: tonic::Request<CreateUserRequest>,
     ) -> Result<tonic::Response<CreateUserResponse>, tonic::Status> {
-        self.real.create_user(request).await
+        let first = {
+            let mut calls = self.create_user_calls.lock().expect("calls");
+            calls.push(Instant::now());
+            calls.len() == 1
+        };
+        match self.script.shed_first_create_user {
+            Some(wait) if first => Err(platform::status::overloaded(wait)),
+            _ => self.real.create_user(request).await,
+        }
     }
 
     async fn create_users(
         &self,
-        _: tonic::Request<CreateUsersRequest>,
+        request: tonic::Request<CreateUsersRequest>,
     ) -> Result<tonic::Response<CreateUsersResponse>, tonic::Status> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        Err(tonic::Status::new(
-            self.refusal,
-            "refused whole by the test",
-        ))
+        self.create_users_calls.fetch_add(1, Ordering::SeqCst);
+        match self.script.refuse_create_users {
+            Some(code) => Err(tonic::Status::new(code, "refused whole by the test")),
+            None => self.real.create_users(request).await,
+        }
     }
 
     async fn update_user(
@@ -667,27 +684,35 @@ impl UsersService for UsersRefusingCreateUsers {
     }
 }
 
-/// Serves [`UsersRefusingCreateUsers`] over `app`'s Users DB until the guard drops; its
-/// URL and the count of CreateUsers calls it refused.
-async fn users_refusing_create_users(
-    app: &TestApp,
-    refusal: Code,
-) -> (String, Arc<AtomicUsize>, tokio_util::sync::DropGuard) {
+/// What a test reads back from its [`ScriptedUsers`], which serves until `_serving` drops.
+struct ScriptedUsersRunning {
+    url: String,
+    create_users_calls: Arc<AtomicUsize>,
+    create_user_calls: Arc<Mutex<Vec<Instant>>>,
+    _serving: tokio_util::sync::DropGuard,
+}
+
+/// Serves [`ScriptedUsers`] over `app`'s Users DB.
+async fn scripted_users(app: &TestApp, script: Script) -> ScriptedUsersRunning {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let settings = users_svc::InboxSettings::default();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let users = UsersRefusingCreateUsers {
+    let users = ScriptedUsers {
         real: users_svc::UsersApi::new(
             app.users_db.clone(),
             settings.retention,
             users_svc::answer_cache::AnswerCache::new(settings.cache_entries, settings.retention),
         ),
-        refusal,
-        calls: calls.clone(),
+        script,
+        create_users_calls: Arc::default(),
+        create_user_calls: Arc::default(),
     };
+    let (create_users_calls, create_user_calls) = (
+        users.create_users_calls.clone(),
+        users.create_user_calls.clone(),
+    );
     let definition = platform::grpc_server::ServiceDefinition {
         routes: tonic::service::Routes::new(UsersServiceServer::new(users)),
         name: "users.v1.UsersService",
@@ -701,7 +726,12 @@ async fn users_refusing_create_users(
         app.users_db.clone(),
         stop.clone(),
     ));
-    (format!("http://{addr}"), calls, stop.drop_guard())
+    ScriptedUsersRunning {
+        url: format!("http://{addr}"),
+        create_users_calls,
+        create_user_calls,
+        _serving: stop.drop_guard(),
+    }
 }
 
 /// A relay upgraded before Users: its many-row call is refused as unknown, and it sends the
@@ -711,16 +741,26 @@ async fn a_users_without_create_users_gets_one_call_per_row(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let (url, create_users_calls, _users) =
-        users_refusing_create_users(&app, Code::Unimplemented).await;
-    let relay = app.relay_to(&url);
+    let users = scripted_users(
+        &app,
+        Script {
+            refuse_create_users: Some(Code::Unimplemented),
+            ..Script::default()
+        },
+    )
+    .await;
+    let relay = app.relay_to(&users.url);
     create_students(&app, 3).await;
     let outcome = relay.deliver_batch().await.expect("batch");
     assert_eq!((outcome.claimed, outcome.delivered), (3, 3), "{outcome:?}");
     create_students_from(&app, 3..5).await;
     let outcome = relay.deliver_batch().await.expect("batch");
     assert_eq!((outcome.claimed, outcome.delivered), (2, 2), "{outcome:?}");
-    assert_eq!(create_users_calls.load(Ordering::SeqCst), 1, "asked once");
+    assert_eq!(
+        users.create_users_calls.load(Ordering::SeqCst),
+        1,
+        "asked once"
+    );
     assert!(
         statuses(&app).await.iter().all(|row| row.attempts == 1),
         "every row delivered at its first attempt"
@@ -735,17 +775,64 @@ async fn a_call_refused_whole_as_invalid_sends_its_rows_one_call_each(backend: B
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let (url, create_users_calls, _users) =
-        users_refusing_create_users(&app, Code::InvalidArgument).await;
+    let users = scripted_users(
+        &app,
+        Script {
+            refuse_create_users: Some(Code::InvalidArgument),
+            ..Script::default()
+        },
+    )
+    .await;
     create_students(&app, 3).await;
-    let outcome = app.relay_to(&url).deliver_batch().await.expect("batch");
+    let outcome = app
+        .relay_to(&users.url)
+        .deliver_batch()
+        .await
+        .expect("batch");
     assert_eq!((outcome.claimed, outcome.delivered), (3, 3), "{outcome:?}");
-    assert_eq!(create_users_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(users.create_users_calls.load(Ordering::SeqCst), 1);
     assert!(
         statuses(&app).await.iter().all(|row| row.attempts == 1),
         "every row delivered at its first attempt"
     );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 3).await;
+}
+
+/// README: "each shed call is sent again after Users' `RetryInfo` wait", not after the
+/// relay's own backoff. Users sheds the first call asking for 300 ms; the relay's own
+/// backoff is 1 ms: the call is sent again no sooner than asked, within the same attempt.
+async fn a_shed_call_is_sent_again_after_the_wait_users_asks_for(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    const ASKED: Duration = Duration::from_millis(300);
+    let users = scripted_users(
+        &app,
+        Script {
+            shed_first_create_user: Some(ASKED),
+            ..Script::default()
+        },
+    )
+    .await;
+    create_students(&app, 1).await;
+    let relay = app.relay_with(
+        &users.url,
+        relay::RunConfig {
+            backoff_base: Duration::from_millis(1),
+            ..crate::support::app::test_tuning()
+        },
+    );
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (1, 1), "{outcome:?}");
+    let calls = users.create_user_calls.lock().expect("calls").clone();
+    assert_eq!(calls.len(), 2, "shed once, then answered");
+    let waited = calls[1] - calls[0];
+    assert!(waited >= ASKED, "sent again after {waited:?}");
+    assert!(
+        statuses(&app).await.iter().all(|row| row.attempts == 1),
+        "a shed call costs no attempt"
+    );
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
 }
 
 /// Sixty students whose fields are as long as validation allows (about 1.2 KB a row) make
