@@ -53,6 +53,7 @@ on_both_backends!(
     a_users_without_create_users_gets_one_call_per_row,
     a_call_refused_whole_as_invalid_sends_its_rows_one_call_each,
     a_shed_call_is_sent_again_after_the_wait_users_asks_for,
+    a_lone_create_user_row_beside_a_change_goes_as_create_user,
     rows_too_large_for_one_call_go_one_call_each,
 );
 
@@ -833,6 +834,38 @@ async fn a_shed_call_is_sent_again_after_the_wait_users_asks_for(backend: Backen
         "a shed call costs no attempt"
     );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+}
+
+/// README: "A lone row, and every change row, goes in a call of its own": a claim of one
+/// create-user row and one update-user row makes one CreateUser call (and an UpdateUser
+/// call), never a one-item CreateUsers.
+async fn a_lone_create_user_row_beside_a_change_goes_as_create_user(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let users = scripted_users(&app, Script::default()).await;
+    let relay = app.relay_to(&users.url);
+    let first = create_students(&app, 1).await.remove(0);
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (1, 1), "{outcome:?}");
+    let sent = student_request(0);
+    app.student
+        .clone()
+        .update_student(proto::student::v1::UpdateStudentRequest {
+            id: first,
+            first_name: "Renamed".into(),
+            last_name: sent.last_name,
+            email: sent.email,
+            idempotency_key: None,
+            expected_version: 1,
+        })
+        .await
+        .expect("renamed");
+    create_students_from(&app, 1..2).await;
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (2, 2), "{outcome:?}");
+    assert_eq!(users.create_user_calls.lock().expect("calls").len(), 2);
+    assert_eq!(users.create_users_calls.load(Ordering::SeqCst), 0);
 }
 
 /// Sixty students whose fields are as long as validation allows (about 1.2 KB a row) make
