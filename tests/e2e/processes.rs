@@ -17,7 +17,8 @@ use crate::{
     support::{
         Backend, TestDatabases, conflicting_user_request, eventually,
         invariants::{
-            assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
+            assert_each_student_linked_exactly_once, assert_linked_at_first_attempt,
+            students_and_outbox_rows, users_and_inbox_rows,
         },
         metrics::{sample, scrape},
         stack::{LINK_DEADLINE, Stack, binaries},
@@ -1294,15 +1295,4 @@ async fn a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt(backend
     assert!(log.contains(GIVEN_BACK), "{log}");
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 8).await;
     stack.assert_audit_clean(8);
-}
-
-fn assert_linked_at_first_attempt(rows: &[outbox::Model]) {
-    assert!(
-        rows.iter()
-            .all(|row| row.status == OutboxStatus::Done && row.attempts == 1),
-        "{:?}",
-        rows.iter()
-            .map(|row| (row.id, row.status, row.attempts))
-            .collect::<Vec<_>>()
-    );
 }

@@ -167,32 +167,14 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
         ),
         (first[0].id, 2, Some("relay-b"))
     );
-    // Relay A, late, records a transient failure and a rejection: neither touches B's row.
-    let retried = store::record_retry(
-        &app.student_db,
-        &first[0],
-        "relay-a",
-        &Problem::new("UNAVAILABLE", "late"),
-        Duration::ZERO,
-    )
-    .await
-    .expect("retry");
-    let failed = store::record_failure(
-        &app.student_db,
-        &first[0],
-        "relay-a",
-        FailureKind::Rejected,
-        &Problem::new("LATE", "late"),
-    )
-    .await
-    .expect("fail");
-    assert_eq!((retried, failed), (false, false), "reported as not applied");
-    // Nor does A handing its claim back (its lease too short to send in): the row stays
-    // B's, not `pending` again while B's call is in flight.
-    let released = store::release(&app.student_db, &[store::Claim::from(&first[0])], "relay-a")
-        .await
-        .expect("release");
-    assert_eq!(released, 0);
+    // Relay A, late, records a transient failure and a rejection, and hands its claim back
+    // (its lease too short to send in): none of it touches B's row, which is not `pending`
+    // again while B's call is in flight.
+    assert_eq!(
+        late_writes(&app, &first[0], "relay-a").await,
+        (false, false, 0),
+        "reported as not applied"
+    );
     let row = rows(&app).await.remove(0);
     assert_eq!(
         (row.status, row.locked_by.as_deref(), row.last_error),
@@ -215,26 +197,34 @@ async fn an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothi
     )
     .await;
     assert_eq!((again[0].id, again[0].attempts), (early[0].id, 2));
-    let retried = store::record_retry(
-        &app.student_db,
-        &early[0],
-        "relay-c",
-        &Problem::new("UNAVAILABLE", "late"),
-        Duration::ZERO,
-    )
-    .await
-    .expect("retry");
-    assert!(!retried, "reported as not applied");
-    // Nor does handing back its first claim.
-    let released = store::release(&app.student_db, &[store::Claim::from(&early[0])], "relay-c")
-        .await
-        .expect("release");
-    assert_eq!(released, 0);
+    assert_eq!(
+        late_writes(&app, &early[0], "relay-c").await,
+        (false, false, 0),
+        "reported as not applied"
+    );
     let row = rows(&app).await.remove(1);
     assert_eq!(
         (row.status, row.attempts, row.last_error),
         (OutboxStatus::Processing, 2, None)
     );
+}
+
+/// What a relay whose claim of `row` is gone does when it learns its call's outcome late:
+/// records a retry, records a rejection, and hands the row back. Each is fenced by the
+/// claim; returns whether the retry and the rejection applied, and how many rows went back.
+async fn late_writes(app: &TestApp, row: &outbox::Model, relay: &str) -> (bool, bool, u64) {
+    let problem = Problem::new("LATE", "late");
+    let retried = store::record_retry(&app.student_db, row, relay, &problem, Duration::ZERO)
+        .await
+        .expect("retry");
+    let failed =
+        store::record_failure(&app.student_db, row, relay, FailureKind::Rejected, &problem)
+            .await
+            .expect("fail");
+    let released = store::release(&app.student_db, &[store::Claim::from(row)], relay)
+        .await
+        .expect("release");
+    (retried, failed, released)
 }
 
 async fn a_failing_row_does_not_block_the_rows_behind_it(backend: Backend) {

@@ -35,7 +35,10 @@ use crate::{
     on_both_backends,
     support::{
         Backend, TestApp,
-        invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
+        invariants::{
+            assert_each_student_linked_exactly_once, assert_linked_at_first_attempt,
+            users_and_inbox_rows,
+        },
         spawn_app, student_request,
     },
 };
@@ -762,10 +765,7 @@ async fn a_users_without_create_users_gets_one_call_per_row(backend: Backend) {
         1,
         "asked once"
     );
-    assert!(
-        statuses(&app).await.iter().all(|row| row.attempts == 1),
-        "every row delivered at its first attempt"
-    );
+    assert_linked_at_first_attempt(&statuses(&app).await);
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 5).await;
 }
 
@@ -792,10 +792,7 @@ async fn a_call_refused_whole_as_invalid_sends_its_rows_one_call_each(backend: B
         .expect("batch");
     assert_eq!((outcome.claimed, outcome.delivered), (3, 3), "{outcome:?}");
     assert_eq!(users.create_users_calls.load(Ordering::SeqCst), 1);
-    assert!(
-        statuses(&app).await.iter().all(|row| row.attempts == 1),
-        "every row delivered at its first attempt"
-    );
+    assert_linked_at_first_attempt(&statuses(&app).await);
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 3).await;
 }
 
@@ -829,10 +826,8 @@ async fn a_shed_call_is_sent_again_after_the_wait_users_asks_for(backend: Backen
     assert_eq!(calls.len(), 2, "shed once, then answered");
     let waited = calls[1] - calls[0];
     assert!(waited >= ASKED, "sent again after {waited:?}");
-    assert!(
-        statuses(&app).await.iter().all(|row| row.attempts == 1),
-        "a shed call costs no attempt"
-    );
+    // A shed call costs no attempt.
+    assert_linked_at_first_attempt(&statuses(&app).await);
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
 }
 
@@ -908,10 +903,7 @@ async fn rows_too_large_for_one_call_go_one_call_each(backend: Backend) {
         (60, 60),
         "{outcome:?}"
     );
-    assert!(
-        statuses(&app).await.iter().all(|row| row.attempts == 1),
-        "every row delivered at its first attempt"
-    );
+    assert_linked_at_first_attempt(&statuses(&app).await);
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 60).await;
     // One transaction would have written every user at one time.
     let times: std::collections::HashSet<_> = users::Entity::find()

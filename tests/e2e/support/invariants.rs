@@ -168,3 +168,16 @@ pub async fn students_and_outbox_rows(student_db: &DatabaseConnection) -> (u64, 
             .expect("count outbox"),
     )
 }
+
+/// Asserts that every row of `rows` is done, at its first attempt: nothing about how it got
+/// there (a shed call, a call refused whole) cost a retry.
+pub fn assert_linked_at_first_attempt(rows: &[outbox::Model]) {
+    assert!(
+        rows.iter()
+            .all(|row| row.status == OutboxStatus::Done && row.attempts == 1),
+        "{:?}",
+        rows.iter()
+            .map(|row| (row.id, row.status, row.attempts))
+            .collect::<Vec<_>>()
+    );
+}
