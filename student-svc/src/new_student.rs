@@ -180,6 +180,68 @@ mod tests {
         }
     }
 
+    fn update() -> UpdateStudentRequest {
+        UpdateStudentRequest {
+            id: "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a".into(),
+            first_name: "Ana".into(),
+            last_name: "Gómez".into(),
+            email: "ana.gomez@example.edu".into(),
+            expected_version: 2,
+            idempotency_key: Some("k-1".into()),
+        }
+    }
+
+    fn violated_field(change: Result<StudentChange, Error>) -> &'static str {
+        match change {
+            Err(Error::InvalidArgument(violation)) => violation.field,
+            other => panic!("expected a violation, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_valid_change_is_kept_as_sent() {
+        let change = StudentChange::try_from(update()).expect("valid");
+        assert_eq!(
+            change.change,
+            Change::Update {
+                first_name: "Ana".into(),
+                last_name: "Gómez".into(),
+                email: "ana.gomez@example.edu".into(),
+            }
+        );
+        assert_eq!(change.expected_version, Some(2));
+        assert_eq!(change.client_key.as_deref(), Some("k-1"));
+    }
+
+    #[test]
+    fn each_invalid_field_of_a_change_is_named() {
+        type SpoilUpdate = fn(&mut UpdateStudentRequest);
+        let cases: [(SpoilUpdate, &str); 6] = [
+            (|r| r.id = "not-a-uuid".into(), "id"),
+            (|r| r.first_name = String::new(), "first_name"),
+            (|r| r.last_name = "x\u{7}".into(), "last_name"),
+            (|r| r.email = "not-an-email".into(), "email"),
+            (|r| r.expected_version = u64::MAX, "expected_version"),
+            (|r| r.idempotency_key = Some(" k".into()), "idempotency_key"),
+        ];
+        for (spoil, field) in cases {
+            let mut bad = update();
+            spoil(&mut bad);
+            assert_eq!(violated_field(StudentChange::try_from(bad)), field);
+        }
+        let deactivate = |id: &str, key: &str| DeactivateStudentRequest {
+            id: id.into(),
+            idempotency_key: Some(key.into()),
+        };
+        let valid_id = update().id;
+        for (bad, field) in [
+            (deactivate("", "k-1"), "id"),
+            (deactivate(&valid_id, " k"), "idempotency_key"),
+        ] {
+            assert_eq!(violated_field(StudentChange::try_from(bad)), field);
+        }
+    }
+
     /// The layouts the README documents, field by field; a reordered field or a renamed
     /// tag would make every stored fingerprint look like another request after an upgrade.
     #[test]

@@ -122,8 +122,8 @@ mod tests {
 
     /// The counters say how many transactions committed, not how many groups: a group
     /// written together is one, a group written one by one (after two of its students
-    /// turned out to share a document number) is one per student written, and the
-    /// refused student is in neither count.
+    /// turned out to share a document number) is one per student written, a student
+    /// alone is one, and a refused student is in no count.
     #[tokio::test]
     async fn commits_are_counted_per_transaction_on_each_path() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -159,5 +159,16 @@ mod tests {
             text.contains("student_create_committed_total{path=\"each\"} 2\n"),
             "{text}"
         );
+
+        // A student alone is one transaction; refused alone (its document number is
+        // taken), none.
+        for (document_number, written) in [("D6", 1), ("D6", 0)] {
+            let (path, text) = counted(&db, vec![new_student(6, document_number)]).await;
+            assert_eq!(path, CommitPath::Alone);
+            for counter in ["commits", "committed"] {
+                let line = format!("student_create_{counter}_total{{path=\"alone\"}} {written}\n");
+                assert!(text.contains(&line), "{line} in {text}");
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@
 use std::{collections::HashMap, time::Duration};
 
 use platform::failpoint::points;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use student_store::entity::outbox::OutboxStatus;
 
 use crate::{
@@ -20,6 +21,7 @@ on_both_backends!(
     slow_users_and_three_relays_spend_one_attempt_per_send,
     a_relay_stalled_past_its_lease_releases_its_rows_instead_of_sending_them_late,
     a_lease_with_less_left_than_a_call_may_take_sends_nothing,
+    a_claim_kept_waiting_for_a_lock_counts_its_lease_from_before_the_wait,
 );
 
 /// Failed sends per outbox row, from the relays' "delivery failed, will retry" lines.
@@ -184,4 +186,101 @@ async fn a_lease_with_less_left_than_a_call_may_take_sends_nothing(backend: Back
         0,
         "each key reached Users once"
     );
+}
+
+/// The relay counts a lease from before its claim is sent, as the database does (its
+/// `locked_until` is the claim's start plus the lease), never from when the answer came
+/// back: a claim kept waiting would otherwise make the relay believe its rows stay its own
+/// for longer than the database says, and send one while another relay may take it.
+///
+/// The test holds a write lock on the outbox (SQLite's one write lock; on PostgreSQL an
+/// EXCLUSIVE table lock, which the claim's `FOR UPDATE` waits for) while the relay (5 s
+/// lease, 3 s calls) tries to claim four rows, for 2.5 s after the claim is seen waiting.
+/// Counted from before the wait, 2.5 s or less is left, less than a call may take: the
+/// relay releases all four (counted `released`, the attempt handed back), then claims them
+/// again and sends each once. Counted from the claim's answer, 5 s would seem left and it
+/// would send them at once.
+async fn a_claim_kept_waiting_for_a_lock_counts_its_lease_from_before_the_wait(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack.create_students(0..4).await;
+
+    let lock = platform::db::begin_write(&stack.student_db)
+        .await
+        .expect("begin");
+    if backend == Backend::Postgres {
+        lock.execute_unprepared("LOCK TABLE outbox IN EXCLUSIVE MODE")
+            .await
+            .expect("lock the outbox");
+    }
+    stack.start_relay(
+        None,
+        &[
+            "--lease",
+            "5s",
+            "--call-timeout",
+            "3s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    let metrics = stack.metrics_addr("relay-1").await;
+    eventually(
+        "the relay's claim to wait for the lock",
+        LINK_DEADLINE,
+        || async {
+            let waiting = match backend {
+                Backend::Sqlite => {
+                    sample(&scrape(metrics).await, "sqlite_write_lock_waits_total", &[]) > 0.0
+                }
+                Backend::Postgres => claim_waits_for_the_outbox_lock(&stack.student_db).await,
+            };
+            waiting.then_some(())
+        },
+    )
+    .await;
+    // The stall is what the test sets up, not a wait for something: the claim started
+    // before this moment and must stay blocked for 2.5 s past it.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    lock.rollback().await.expect("release the lock");
+
+    stack.wait_until_all_linked(4).await;
+    assert_eq!(
+        sample(
+            &scrape(metrics).await,
+            "relay_deliveries_total",
+            &[("effect", "create-user"), ("outcome", "released")],
+        ),
+        4.0,
+        "every row of the claim went back unsent"
+    );
+    stack
+        .wait_for_log_lines("relay-1", "lease too short to send", 4)
+        .await;
+    stack.stop_relays(Duration::from_secs(15));
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    let rows = stack.outbox_rows().await;
+    assert!(
+        rows.iter().all(|row| row.attempts == 1),
+        "the released claim used no attempt: {rows:?}"
+    );
+}
+
+/// Whether the relay (PostgreSQL shows its connections as `relay`) waits for a lock on the
+/// outbox table.
+async fn claim_waits_for_the_outbox_lock(db: &DatabaseConnection) -> bool {
+    db.query_one_raw(Statement::from_string(
+        DbBackend::Postgres,
+        "SELECT EXISTS (SELECT 1 FROM pg_locks AS lock \
+           JOIN pg_stat_activity AS backend ON backend.pid = lock.pid \
+          WHERE lock.relation = 'outbox'::regclass AND NOT lock.granted \
+            AND backend.application_name = 'relay') AS waiting",
+    ))
+    .await
+    .expect("read pg_locks")
+    .expect("a row")
+    .try_get("", "waiting")
+    .expect("waiting")
 }
