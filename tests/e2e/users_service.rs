@@ -106,6 +106,15 @@ async fn a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_
         .await
         .expect("a young key runs");
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 2));
+    // A call without the metadata (grpcurl, an older relay) has no age to judge: it runs.
+    let mut unaged = request("key-3");
+    unaged.document_number = "DOC-3003".into();
+    unaged.email = "third@example.edu".into();
+    users
+        .create_user(unaged)
+        .await
+        .expect("no metadata, no horizon guard");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (3, 3));
 }
 
 async fn a_malformed_key_time_is_refused_naming_it(backend: Backend) {
