@@ -91,3 +91,109 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use futures::FutureExt as _;
+    use tonic::Code;
+    use tonic_types::StatusExt as _;
+
+    use super::*;
+
+    /// A call to the layered service, as the server would poll it.
+    type Answer = BoxFuture<Result<http::Response<Body>, Infallible>>;
+
+    /// A route whose calls wait until the test lets one through (a permit of `gate` each).
+    #[derive(Clone)]
+    struct Gated(Arc<Semaphore>);
+
+    impl Service<http::Request<()>> for Gated {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            let gate = self.0.clone();
+            Box::pin(async move {
+                gate.acquire().await.expect("gate open").forget();
+                Ok(http::Response::new(Body::empty()))
+            })
+        }
+    }
+
+    fn call(service: &mut ShedLoad<Gated>, path: &str) -> Answer {
+        service.call(
+            http::Request::builder()
+                .uri(path)
+                .body(())
+                .expect("request"),
+        )
+    }
+
+    const CREATE: &str = "/users.v1.UsersService/CreateUser";
+    const HEALTH: &str = "/grpc.health.v1.Health/Check";
+
+    /// What one call answered at once, if it did: its gRPC status (`None` while admitted
+    /// and waiting at the route).
+    fn answered_at_once(call: &mut Answer) -> Option<tonic::Status> {
+        let response = call.now_or_never()?.expect("infallible");
+        Some(
+            tonic::Status::from_header_map(response.headers())
+                .unwrap_or_else(|| tonic::Status::ok("")),
+        )
+    }
+
+    /// Exactly `max_in_flight` calls are admitted; the next is answered at once with
+    /// RESOURCE_EXHAUSTED and the configured `RetryInfo` wait; a call that ends frees its
+    /// slot; health is never shed and takes no slot.
+    #[tokio::test]
+    async fn calls_past_the_limit_are_shed_at_once_until_a_slot_frees() {
+        let gate = Arc::new(Semaphore::new(0));
+        let mut service =
+            ShedLoadLayer::new(2, Duration::from_millis(250)).layer(Gated(gate.clone()));
+
+        let mut first = call(&mut service, CREATE);
+        let mut second = call(&mut service, CREATE);
+        assert!(answered_at_once(&mut first).is_none(), "admitted");
+        assert!(answered_at_once(&mut second).is_none(), "admitted");
+
+        let shed = answered_at_once(&mut call(&mut service, CREATE)).expect("shed at once");
+        assert_eq!(shed.code(), Code::ResourceExhausted);
+        assert_eq!(
+            shed.get_details_retry_info()
+                .and_then(|retry| retry.retry_delay),
+            Some(Duration::from_millis(250))
+        );
+
+        let mut health = call(&mut service, HEALTH);
+        assert!(
+            answered_at_once(&mut health).is_none(),
+            "health is admitted, never shed"
+        );
+
+        // The second call ends (its caller went away): its slot serves the next call.
+        drop(second);
+        let mut third = call(&mut service, CREATE);
+        assert!(
+            answered_at_once(&mut third).is_none(),
+            "admitted in the freed slot"
+        );
+        let shed = answered_at_once(&mut call(&mut service, CREATE)).expect("shed at once");
+        assert_eq!(shed.code(), Code::ResourceExhausted);
+
+        gate.add_permits(3);
+        for admitted in [first, third, health] {
+            let response = admitted.await.expect("infallible");
+            assert!(
+                tonic::Status::from_header_map(response.headers()).is_none(),
+                "served"
+            );
+        }
+    }
+}
