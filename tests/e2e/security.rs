@@ -532,6 +532,11 @@ const CANARY_EMAIL: &str = "pii.canary.7@example.edu";
 const CANARY_DOCUMENT: &str = "PIICANARY77";
 const OTHER_CANARY_EMAIL: &str = "other.canary.8@example.edu";
 const OTHER_CANARY_DOCUMENT: &str = "PIICANARY88";
+const CHANGED_CANARY_EMAIL: &str = "changed.canary.9@example.edu";
+/// The start of the e-mails (`<this>.<n>@example.edu`) and document numbers (`<this><n>`)
+/// of the students whose rows reach Users together.
+const BATCH_CANARY: &str = "batch.canary";
+const BATCH_CANARY_DOCUMENT: &str = "PIIBATCH";
 
 async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
     let trace =
@@ -627,6 +632,45 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
         cli_output.push_str(&String::from_utf8_lossy(&output.stdout));
         cli_output.push_str(&String::from_utf8_lossy(&output.stderr));
     }
+    // The change path: the linked canary student moves to a third canary e-mail.
+    client
+        .update_student(proto::student::v1::UpdateStudentRequest {
+            id: id.clone(),
+            first_name: "Changed".into(),
+            last_name: "Canary".into(),
+            email: CHANGED_CANARY_EMAIL.into(),
+            expected_version: 0,
+            idempotency_key: None,
+        })
+        .await
+        .expect("updated");
+    let done = |rows: Vec<outbox::Model>| {
+        rows.iter()
+            .filter(|row| row.status == OutboxStatus::Done)
+            .count()
+    };
+    eventually("the change to reach Users", LINK_DEADLINE, || async {
+        (done(stack.outbox_rows().await) == 2).then_some(())
+    })
+    .await;
+    // The batched path: two canary students created while no relay runs reach Users
+    // together, in one CreateUsers call.
+    stack.kill_relays();
+    for n in 0..2 {
+        client
+            .create_student(proto::student::v1::CreateStudentRequest {
+                email: format!("{BATCH_CANARY}.{n}@example.edu"),
+                document_number: format!("{BATCH_CANARY_DOCUMENT}{n}"),
+                ..student_request(11 + n)
+            })
+            .await
+            .expect("created");
+    }
+    stack.start_relay(None, &[]);
+    eventually("both batched rows to be linked", LINK_DEADLINE, || async {
+        (done(stack.outbox_rows().await) == 4).then_some(())
+    })
+    .await;
     let _ = client
         .get_student(proto::student::v1::GetStudentRequest { id })
         .await
@@ -643,12 +687,24 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
         cli_output.contains("rejected") || cli_output.contains("requeued"),
         "the CLI's output was captured: {cli_output}"
     );
+    assert!(
+        logs.lines()
+            .any(|line| line.contains("user created") && line.contains("batch=2")),
+        "the batched rows were logged by CreateUsers"
+    );
+    assert!(
+        logs.lines().any(|line| line.contains("user updated")),
+        "the change was logged by Users"
+    );
     for secret in [
         CANARY_EMAIL,
         "pii.canary",
         CANARY_DOCUMENT,
         OTHER_CANARY_EMAIL,
         OTHER_CANARY_DOCUMENT,
+        CHANGED_CANARY_EMAIL,
+        BATCH_CANARY,
+        BATCH_CANARY_DOCUMENT,
     ] {
         let leaks: Vec<&str> = logs.lines().filter(|line| line.contains(secret)).collect();
         assert!(
