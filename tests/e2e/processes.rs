@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use devstack::{Process, wait_until_serving};
+use nix::sys::signal::Signal;
 use platform::failpoint::points;
 use proto::student::v1::{GetStudentRequest, UserLinkStatus};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
@@ -29,7 +30,7 @@ on_both_backends!(
     three_binaries_link_every_student_and_replay_creates_nothing,
     a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing,
     users_svc_killed_and_restarted_delays_but_loses_nothing,
-    sigterm_stops_every_binary_cleanly,
+    sigterm_and_ctrl_c_stop_every_binary_cleanly,
     sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
     sigterm_during_a_claim_hands_its_rows_back_unsent,
     one_shot_commands_on_a_database_with_no_schema_say_which_service_to_start,
@@ -291,9 +292,7 @@ async fn rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_l
             .create_user(conflicting_user_request(n))
             .await
             .expect("created");
-        users
-            .signal(nix::sys::signal::Signal::SIGTERM)
-            .expect("SIGTERM");
+        users.signal(Signal::SIGTERM).expect("SIGTERM");
         let status = users
             .wait_timeout(Duration::from_secs(30))
             .expect("wait")
@@ -457,23 +456,32 @@ async fn users_svc_killed_and_restarted_delays_but_loses_nothing(backend: Backen
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 15).await;
 }
 
-async fn sigterm_stops_every_binary_cleanly(backend: Backend) {
-    let Some(mut stack) = Stack::start(backend).await else {
-        return;
-    };
-    stack.create_students(0..3).await;
-    stack.wait_until_all_linked(3).await;
-    let ended = stack.terminate_all(Duration::from_secs(15));
-    let names: Vec<&str> = ended.iter().map(|(name, _)| name.as_str()).collect();
-    assert_eq!(names, ["relay", "student-svc", "users-svc"]);
-    for (name, status) in ended {
-        let status = status.unwrap_or_else(|| panic!("{name} still running 15 s after SIGTERM"));
-        assert!(
-            status.success(),
-            "{name} exited with {status} after SIGTERM"
-        );
+/// SIGTERM (what an orchestrator sends) and SIGINT (Ctrl-C in a terminal) each stop every
+/// binary with exit status 0, saying which signal it got.
+async fn sigterm_and_ctrl_c_stop_every_binary_cleanly(backend: Backend) {
+    for signal in [Signal::SIGTERM, Signal::SIGINT] {
+        let Some(mut stack) = Stack::start(backend).await else {
+            return;
+        };
+        stack.create_students(0..3).await;
+        stack.wait_until_all_linked(3).await;
+        let ended = stack.signal_all(signal, Duration::from_secs(15));
+        let names: Vec<&str> = ended.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["relay", "student-svc", "users-svc"]);
+        for (name, status) in ended {
+            let status =
+                status.unwrap_or_else(|| panic!("{name} still running 15 s after {signal}"));
+            assert!(
+                status.success(),
+                "{name} exited with {status} after {signal}"
+            );
+        }
+        for name in ["relay-0", "student-svc", "users-svc"] {
+            let said = format!("shutting down signal=\"{signal}\"");
+            assert!(stack.log_of(name).contains(&said), "{name} logs {said}");
+        }
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
     }
-    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
 }
 
 async fn sigterm_lets_a_relay_finish_the_calls_it_has_in_flight(backend: Backend) {

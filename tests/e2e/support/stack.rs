@@ -181,13 +181,23 @@ impl Stack {
     /// Sends SIGTERM to every process, relays first, and returns how each ended (`None`:
     /// still running after `timeout`). Once a process has ended, its log file is complete.
     pub fn terminate_all(&mut self, timeout: Duration) -> Vec<(String, Option<ExitStatus>)> {
+        self.signal_all(Signal::SIGTERM, timeout)
+    }
+
+    /// Sends `signal` to every process, relays first, and returns how each ended, as
+    /// [`Stack::terminate_all`] does.
+    pub fn signal_all(
+        &mut self,
+        signal: Signal,
+        timeout: Duration,
+    ) -> Vec<(String, Option<ExitStatus>)> {
         let processes = self
             .relays
             .iter_mut()
             .chain([&mut self.student, &mut self.users]);
         processes
             .map(|process| {
-                process.signal(Signal::SIGTERM).expect("SIGTERM");
+                process.signal(signal).expect("signal");
                 let status = process.wait_timeout(timeout).expect("wait");
                 (process.name().to_owned(), status)
             })
