@@ -43,6 +43,7 @@ on_both_backends!(
     what_the_alerts_watch_moves_when_deliveries_go_wrong,
     audit_reports_each_disagreement_between_the_databases,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
+    rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
     one_trace_id_follows_a_student_through_the_three_processes,
 );
@@ -677,6 +678,93 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     let stderr = String::from_utf8_lossy(&audit.stderr);
     assert_eq!(audit.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot ask Users about user"), "{stderr}");
+}
+
+/// The horizon guard holds for rows sent together too (the relay's default, a CreateUsers
+/// call per claim): each item carries its key's age, and three rows whose keys are older
+/// than Users' inbox retention are each refused `DELIVERY_EXPIRED` and failed as
+/// `expired` at their first attempt, with nothing executed.
+async fn rows_past_the_horizon_sent_together_are_each_refused(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack
+        .restart_users_with(
+            None,
+            &["--inbox-retention", "2s", "--metrics-addr", "127.0.0.1:0"],
+        )
+        .await;
+    stack.create_students(0..3).await;
+    let youngest = stack
+        .outbox_rows()
+        .await
+        .iter()
+        .map(|row| row.key_issued_at())
+        .max()
+        .expect("three rows");
+    eventually(
+        "every key to be past the horizon",
+        LINK_DEADLINE,
+        || async {
+            (chrono::Utc::now() - youngest > chrono::TimeDelta::milliseconds(2_500)).then_some(())
+        },
+    )
+    .await;
+
+    stack.start_relay(None, &[]);
+    let rows = eventually("every row to be finished", LINK_DEADLINE, || async {
+        let rows = stack.outbox_rows().await;
+        rows.iter()
+            .all(|row| matches!(row.status, OutboxStatus::Failed | OutboxStatus::Done))
+            .then_some(rows)
+    })
+    .await;
+    for row in &rows {
+        assert_eq!(
+            (
+                row.status,
+                row.attempts,
+                row.failure_kind,
+                row.error_code.as_deref()
+            ),
+            (
+                OutboxStatus::Failed,
+                1,
+                Some(FailureKind::Expired),
+                Some("DELIVERY_EXPIRED")
+            ),
+            "row {}",
+            row.id
+        );
+    }
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (0, 0),
+        "nothing executed, nothing saved"
+    );
+    let users = scrape(stack.metrics_addr("users-svc").await).await;
+    let calls = |method| {
+        sample(
+            &users,
+            "grpc_server_handled_total",
+            &[("grpc_method", method), ("grpc_code", "OK")],
+        )
+    };
+    assert_eq!(
+        (calls("CreateUsers"), calls("CreateUser")),
+        (1.0, 0.0),
+        "the three rows went in one CreateUsers call: {users}"
+    );
+    assert_eq!(
+        sample(
+            &users,
+            "inbox_requests_total",
+            &[("rpc", "CreateUser"), ("result", "expired")]
+        ),
+        3.0,
+        "{users}"
+    );
 }
 
 async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon(
