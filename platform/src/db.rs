@@ -477,6 +477,17 @@ mod tests {
         );
     }
 
+    /// The credentials end at the last '@' (the host part never holds one), so a password
+    /// containing '@' is hidden whole.
+    #[test]
+    fn redact_url_hides_a_password_containing_an_at_sign() {
+        let redacted = redact_url("postgres://app:p@ss@db:5432/student");
+        assert_eq!(redacted, "postgres://app:***@db:5432/student");
+        for part in ["p@ss", "ss@", ":p"] {
+            assert!(!redacted.contains(part), "{part:?} leaked in {redacted}");
+        }
+    }
+
     #[tokio::test]
     async fn sqlite_commits_reach_the_disk_before_they_are_acknowledged() {
         let path = std::env::temp_dir().join(format!("durability-{}.db", uuid::Uuid::new_v4()));

@@ -192,4 +192,51 @@ mod tests {
         };
         fits.validate().expect("400ms + 250ms fits");
     }
+
+    /// A backoff whose first delay already is the longest (no growth) is a valid tuning;
+    /// a first delay beyond the longest is refused.
+    #[test]
+    fn a_backoff_base_equal_to_the_max_is_valid_and_one_above_it_is_refused() {
+        let flat = RunConfig {
+            backoff_base: Duration::from_secs(30),
+            backoff_max: Duration::from_secs(30),
+            ..RunConfig::default()
+        };
+        flat.validate().expect("base == max is valid");
+        let inverted = RunConfig {
+            backoff_base: Duration::from_secs(31),
+            ..flat
+        };
+        let err = inverted.validate().expect_err("base > max");
+        assert_eq!(
+            err.to_string(),
+            "--backoff-base (31s) must not exceed --backoff-max (30s)"
+        );
+    }
+
+    /// `relay run --rows-per-call` accepts at most 100 rows per call (Users' limit for one
+    /// CreateUsers call) and at least 1.
+    #[test]
+    fn rows_per_call_accepts_one_to_a_hundred_and_nothing_else() {
+        use clap::Parser as _;
+        let parse = |rows: &str| {
+            crate::cli::Cli::try_parse_from(["relay", "run", "--rows-per-call", rows])
+                .map(|cli| cli.command)
+        };
+        for accepted in [1_u16, 100] {
+            let command = parse(&accepted.to_string()).expect("within 1..=100");
+            let Some(crate::cli::Command::Run(config)) = command else {
+                panic!("`relay run` parsed as {command:?}");
+            };
+            assert_eq!(config.rows_per_call, accepted);
+        }
+        for refused in ["101", "0", "1000"] {
+            let err = parse(refused).expect_err("outside 1..=100");
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{refused}: {err}"
+            );
+        }
+    }
 }

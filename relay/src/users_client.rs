@@ -401,3 +401,62 @@ fn was_replayed_response(metadata: &tonic::metadata::MetadataMap) -> bool {
 pub fn was_replayed(status: &Status) -> bool {
     was_replayed_response(status.metadata())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The time a `grpc-timeout` value stands for (`<digits><unit>`, gRPC over HTTP/2).
+    fn grpc_timeout(value: &str) -> Duration {
+        let (digits, unit) = value.split_at(value.len() - 1);
+        let amount: u64 = digits.parse().expect("grpc-timeout is digits then a unit");
+        match unit {
+            "H" => Duration::from_secs(amount * 3600),
+            "M" => Duration::from_secs(amount * 60),
+            "S" => Duration::from_secs(amount),
+            "m" => Duration::from_millis(amount),
+            "u" => Duration::from_micros(amount),
+            "n" => Duration::from_nanos(amount),
+            other => panic!("unknown grpc-timeout unit {other:?}"),
+        }
+    }
+
+    /// A CA is only for TLS: given with a plaintext URL it is refused before any connection,
+    /// rather than silently ignored.
+    #[tokio::test]
+    async fn a_users_ca_with_a_plaintext_url_is_refused() {
+        let connection = UsersConnection {
+            url: "http://127.0.0.1:1".to_owned(),
+            ca_pem: Some(b"-----BEGIN CERTIFICATE-----".to_vec()),
+            auth_token: None,
+        };
+        let err = UsersClient::connect(&connection, Duration::from_secs(5))
+            .map(drop)
+            .expect_err("a CA needs https://");
+        assert_eq!(
+            err.to_string(),
+            "a Users CA was given but USERS_URL is not https://"
+        );
+    }
+
+    /// Every call to Users carries its deadline (`grpc-timeout`, the call timeout), so Users
+    /// stops working on an answer nobody waits for.
+    #[tokio::test]
+    async fn every_call_carries_the_call_timeout_as_its_grpc_timeout() {
+        let call_timeout = Duration::from_secs(5);
+        // Lazy: nothing listens there, and the call below never reaches the channel.
+        let client = UsersClient::new("http://127.0.0.1:1", call_timeout).expect("a valid URL");
+        let sent = client
+            .send(Request::new(()), None, false, |_, request| async move {
+                Ok(tonic::Response::new(
+                    request.metadata().get("grpc-timeout").cloned(),
+                ))
+            })
+            .await
+            .expect("answered by the stand-in call")
+            .into_inner()
+            .expect("the request carries grpc-timeout");
+        let sent = sent.to_str().expect("ascii");
+        assert_eq!(grpc_timeout(sent), call_timeout, "grpc-timeout: {sent}");
+    }
+}

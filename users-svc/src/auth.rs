@@ -173,4 +173,19 @@ mod tests {
         let token = AuthToken::new(TOKEN).expect("long enough");
         assert_eq!(format!("{token:?}"), "AuthToken(***)");
     }
+
+    /// The minimum length is inclusive: a token of exactly MIN_BYTES is accepted, one byte
+    /// less is refused.
+    #[test]
+    fn a_token_of_exactly_the_minimum_length_is_accepted() {
+        let exact = "a".repeat(AuthToken::MIN_BYTES);
+        assert_eq!(exact.len(), 16);
+        AuthToken::new(&exact).expect("16 bytes is long enough");
+        let short = "a".repeat(AuthToken::MIN_BYTES - 1);
+        let err = AuthToken::new(&short).expect_err("15 bytes is too short");
+        assert_eq!(
+            err.to_string(),
+            "every USERS_AUTH_TOKEN token must be at least 16 bytes long"
+        );
+    }
 }
