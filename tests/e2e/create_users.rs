@@ -275,6 +275,13 @@ async fn a_call_no_item_of_which_can_be_judged_is_refused_whole(backend: Backend
         );
     }
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+    // The limit itself is allowed: 100 items, 100 users.
+    let results = send(&app, call((0..100).map(user))).await;
+    assert_eq!(results.len(), 100);
+    for result in &results {
+        assert!(!created(result).1, "created now, not replayed");
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (100, 100));
 }
 
 async fn replay_only_calls_never_create(backend: Backend) {

@@ -554,6 +554,27 @@ async fn get_user_returns_the_user_or_names_the_problem(backend: Backend) {
         (id.as_str(), "ana.perez@example.edu", true)
     );
     assert_eq!(user.student_id, "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a");
+    // Every field as stored, the creation time to the microsecond.
+    let stored = users::Entity::find_by_id(Uuid::parse_str(&id).expect("uuid"))
+        .one(&app.users_db)
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(
+        (
+            user.first_name.as_str(),
+            user.last_name.as_str(),
+            user.document_number.as_str(),
+            user.source_version,
+        ),
+        ("Ana", "Pérez", "DOC-1001", 1)
+    );
+    assert_eq!(
+        user.created_at
+            .as_ref()
+            .and_then(platform::timestamp::from_proto),
+        Some(stored.created_at)
+    );
 
     let unknown = Uuid::now_v7().to_string();
     let status = users
