@@ -46,6 +46,7 @@ on_both_backends!(
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
     one_trace_id_follows_a_student_through_the_three_processes,
+    rows_sent_together_are_each_judged_under_their_own_trace,
 );
 
 async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
@@ -1008,6 +1009,44 @@ async fn purge_leaves_a_row_in_flight_to_be_delivered_once(backend: Backend) {
 }
 
 /// `message` with metadata `traceparent: 00-<trace_id>-<span>-01`.
+/// Rows sent together (one CreateUsers call) belong to different students' journeys:
+/// Users judges each item under the trace its row carries, not the call's, so each
+/// student's `user created` line names that student's trace.
+async fn rows_sent_together_are_each_judged_under_their_own_trace(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    let mut journeys = Vec::new();
+    for n in 0..2 {
+        let trace_id = new_trace_id();
+        let student = stack
+            .student_client()
+            .create_student(with_trace(student_request(n), &trace_id))
+            .await
+            .expect("created")
+            .into_inner()
+            .id;
+        journeys.push((student, trace_id));
+    }
+    stack.start_relay(None, &[]);
+    stack.wait_until_all_linked(2).await;
+    let users_log = stack
+        .wait_for_log_lines("users-svc", "user created", 2)
+        .await;
+    for (student, trace_id) in &journeys {
+        let line = users_log
+            .lines()
+            .find(|line| line.contains("user created") && line.contains(student.as_str()))
+            .unwrap_or_else(|| panic!("no user created for {student}:\n{users_log}"));
+        assert!(line.contains("batch=2"), "sent together: {line}");
+        assert!(
+            line.contains(&format!("item{{trace_id={trace_id}}}")),
+            "judged under {trace_id}: {line}"
+        );
+    }
+}
+
 fn with_trace<T>(message: T, trace_id: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert(
