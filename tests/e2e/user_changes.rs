@@ -18,6 +18,7 @@ on_both_backends!(
     a_repeated_change_returns_the_saved_answer_and_changes_nothing,
     change_keys_follow_the_inbox_rules,
     disabling_frees_the_document_number,
+    a_change_goes_to_the_students_first_user_should_there_be_two,
 );
 
 const STUDENT: &str = "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a";
@@ -288,4 +289,64 @@ async fn disabling_frees_the_document_number(backend: Backend) {
         .await
         .expect("the number is free once its holder is disabled");
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 4));
+}
+
+/// Should Users hold two users for one student (a row given a new key after its first key
+/// had run and been purged, which `relay retry-failed` warns against), every change goes
+/// to the same one, the first created, and the other is left alone.
+async fn a_change_goes_to_the_students_first_user_should_there_be_two(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let first = create_user(&app).await;
+    let mut users = app.users.clone();
+    let second = users
+        .create_user(CreateUserRequest {
+            idempotency_key: "create-again".into(),
+            email: "ana.again@example.edu".into(),
+            first_name: "Ana".into(),
+            last_name: "Pérez".into(),
+            document_number: "DOC-2002".into(),
+            student_id: STUDENT.into(),
+        })
+        .await
+        .expect("a second user for the student")
+        .into_inner()
+        .user_id;
+    let updated = users
+        .update_user(update("u2", "Renamed", 2))
+        .await
+        .expect("applied")
+        .into_inner();
+    assert_eq!(
+        (updated.user_id.as_str(), updated.applied),
+        (first.as_str(), true)
+    );
+    let disabled = users
+        .disable_user(disable("d3", 3))
+        .await
+        .expect("applied")
+        .into_inner();
+    assert_eq!(
+        (disabled.user_id.as_str(), disabled.applied),
+        (first.as_str(), true)
+    );
+    let changed = user(&app, &first).await;
+    assert_eq!(
+        (
+            changed.first_name.as_str(),
+            changed.enabled,
+            changed.source_version
+        ),
+        ("Renamed", false, 3)
+    );
+    let untouched = user(&app, &second).await;
+    assert_eq!(
+        (
+            untouched.first_name.as_str(),
+            untouched.enabled,
+            untouched.source_version
+        ),
+        ("Ana", true, 1)
+    );
 }
