@@ -32,7 +32,7 @@ use crate::{
             alert_test_series, exported_names, has_label_value, label_names, ops_expressions,
             promql_names, sample, scrape,
         },
-        stack::{LINK_DEADLINE, Stack},
+        stack::{LINK_DEADLINE, ROWS_GO_TOGETHER, Stack},
         student_request,
     },
 };
@@ -681,8 +681,8 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     assert!(stderr.contains("cannot ask Users about user"), "{stderr}");
 }
 
-/// The horizon guard holds for rows sent together too (the relay's default, a CreateUsers
-/// call per claim): each item carries its key's age, and three rows whose keys are older
+/// The horizon guard holds for rows sent together too (by default a claim's create-user
+/// rows go in CreateUsers calls of up to 16): each item carries its key's age, and three rows whose keys are older
 /// than Users' inbox retention are each refused `DELIVERY_EXPIRED` and failed as
 /// `expired` at their first attempt, with nothing executed.
 async fn rows_past_the_horizon_sent_together_are_each_refused(backend: Backend) {
@@ -704,16 +704,9 @@ async fn rows_past_the_horizon_sent_together_are_each_refused(backend: Backend) 
         .map(|row| row.key_issued_at())
         .max()
         .expect("three rows");
-    eventually(
-        "every key to be past the horizon",
-        LINK_DEADLINE,
-        || async {
-            (chrono::Utc::now() - youngest > chrono::TimeDelta::milliseconds(2_500)).then_some(())
-        },
-    )
-    .await;
+    wait_past_a_two_second_retention(youngest).await;
 
-    stack.start_relay(None, &[]);
+    stack.start_relay(None, ROWS_GO_TOGETHER);
     let rows = eventually("every row to be finished", LINK_DEADLINE, || async {
         let rows = stack.outbox_rows().await;
         rows.iter()
@@ -745,17 +738,18 @@ async fn rows_past_the_horizon_sent_together_are_each_refused(backend: Backend) 
         "nothing executed, nothing saved"
     );
     let users = scrape(stack.metrics_addr("users-svc").await).await;
-    let calls = |method| {
+    assert_eq!(
         sample(
             &users,
             "grpc_server_handled_total",
-            &[("grpc_method", method), ("grpc_code", "OK")],
-        )
-    };
-    assert_eq!(
-        (calls("CreateUsers"), calls("CreateUser")),
-        (1.0, 0.0),
+            &[("grpc_method", "CreateUsers"), ("grpc_code", "OK")],
+        ),
+        1.0,
         "the three rows went in one CreateUsers call: {users}"
+    );
+    assert!(
+        !users.contains("grpc_method=\"CreateUser\""),
+        "and none alone: {users}"
     );
     assert_eq!(
         sample(
@@ -845,15 +839,7 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
 
     // The waiting row's key is now older than Users' memory: delivered, it is refused,
     // not executed (Users cannot tell it from a purged key), and fails as expired.
-    eventually(
-        "the waiting key is past the horizon",
-        LINK_DEADLINE,
-        || async {
-            (chrono::Utc::now() - pending.created_at > chrono::TimeDelta::milliseconds(2_500))
-                .then_some(())
-        },
-    )
-    .await;
+    wait_past_a_two_second_retention(pending.key_issued_at()).await;
     stack.start_relay(None, &[]);
     let expired = eventually("the waiting row fails", LINK_DEADLINE, || async {
         let rows = stack.outbox_rows().await;
@@ -1008,7 +994,6 @@ async fn purge_leaves_a_row_in_flight_to_be_delivered_once(backend: Backend) {
     );
 }
 
-/// `message` with metadata `traceparent: 00-<trace_id>-<span>-01`.
 /// Rows sent together (one CreateUsers call) belong to different students' journeys:
 /// Users judges each item under the trace its row carries, not the call's, so each
 /// student's `user created` line names that student's trace.
@@ -1029,7 +1014,7 @@ async fn rows_sent_together_are_each_judged_under_their_own_trace(backend: Backe
             .id;
         journeys.push((student, trace_id));
     }
-    stack.start_relay(None, &[]);
+    stack.start_relay(None, ROWS_GO_TOGETHER);
     stack.wait_until_all_linked(2).await;
     let users_log = stack
         .wait_for_log_lines("users-svc", "user created", 2)
@@ -1047,6 +1032,16 @@ async fn rows_sent_together_are_each_judged_under_their_own_trace(backend: Backe
     }
 }
 
+/// Waits until a key issued at `issued_at` is older than a 2 s inbox retention, with half a
+/// second to spare for the clocks of the test and the databases.
+async fn wait_past_a_two_second_retention(issued_at: chrono::DateTime<chrono::Utc>) {
+    eventually("the key to be past the horizon", LINK_DEADLINE, || async {
+        (chrono::Utc::now() - issued_at > chrono::TimeDelta::milliseconds(2_500)).then_some(())
+    })
+    .await;
+}
+
+/// `message` with metadata `traceparent: 00-<trace_id>-<span>-01`.
 fn with_trace<T>(message: T, trace_id: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert(

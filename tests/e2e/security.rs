@@ -35,7 +35,7 @@ use crate::{
         eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
         metrics::{sample, scrape},
-        stack::{LINK_DEADLINE, Stack, binaries},
+        stack::{LINK_DEADLINE, ROWS_GO_TOGETHER, Stack, binaries},
         student_request,
     },
 };
@@ -623,6 +623,8 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
         &["status"],
         &["retry-failed", "--all"],
         &["retry-failed", "--all", "--new-key"],
+        &["show", "--student", &id],
+        &["audit"],
     ] {
         let output = stack.relay_command(args);
         assert!(
@@ -632,6 +634,14 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
         cli_output.push_str(&String::from_utf8_lossy(&output.stdout));
         cli_output.push_str(&String::from_utf8_lossy(&output.stderr));
     }
+    // The re-keyed row is refused again: settled before anything else is sent.
+    eventually("the re-keyed row to fail again", LINK_DEADLINE, || async {
+        let rows = stack.outbox_rows().await;
+        rows.iter()
+            .all(|row| matches!(row.status, OutboxStatus::Done | OutboxStatus::Failed))
+            .then_some(())
+    })
+    .await;
     // The change path: the linked canary student moves to a third canary e-mail.
     client
         .update_student(proto::student::v1::UpdateStudentRequest {
@@ -666,7 +676,7 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
             .await
             .expect("created");
     }
-    stack.start_relay(None, &[]);
+    stack.start_relay(None, ROWS_GO_TOGETHER);
     eventually("both batched rows to be linked", LINK_DEADLINE, || async {
         (done(stack.outbox_rows().await) == 4).then_some(())
     })

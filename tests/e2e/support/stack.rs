@@ -52,6 +52,18 @@ pub const RELAY_TUNING: &[&str] = &[
 /// fails the call at once: its connection closes.
 pub const CALLS_OUTLAST_A_STALL: &[&str] = &["--call-timeout", "20s", "--lease", "40s"];
 
+/// For a relay whose claim's create-user rows must reach Users together, in one CreateUsers
+/// call: up to 16 rows a call, and calls that outlast a stalled machine (rows whose call
+/// timed out are each sent again after a backoff of their own, apart).
+pub const ROWS_GO_TOGETHER: &[&str] = &[
+    "--rows-per-call",
+    "16",
+    "--call-timeout",
+    "20s",
+    "--lease",
+    "40s",
+];
+
 /// Builds the binaries, with fail points compiled in, once per test run.
 pub fn binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
