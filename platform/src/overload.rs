@@ -150,46 +150,55 @@ mod tests {
     }
 
     /// Exactly `max_in_flight` calls are admitted; the next is answered at once with
-    /// RESOURCE_EXHAUSTED and the configured `RetryInfo` wait; a call that ends frees its
-    /// slot; health is never shed and takes no slot.
+    /// RESOURCE_EXHAUSTED and the configured `RetryInfo` wait; a call that ends (answered,
+    /// or dropped by its caller) frees its slot; health is never shed and takes no slot.
     #[tokio::test]
     async fn calls_past_the_limit_are_shed_at_once_until_a_slot_frees() {
         let gate = Arc::new(Semaphore::new(0));
         let mut service =
             ShedLoadLayer::new(2, Duration::from_millis(250)).layer(Gated(gate.clone()));
+        let admitted = |service: &mut ShedLoad<Gated>, path: &str, why: &str| {
+            let mut answer = call(service, path);
+            assert!(answered_at_once(&mut answer).is_none(), "admitted: {why}");
+            answer
+        };
+        let shed = |service: &mut ShedLoad<Gated>, why: &str| {
+            let status = answered_at_once(&mut call(service, CREATE))
+                .unwrap_or_else(|| panic!("shed at once: {why}"));
+            assert_eq!(status.code(), Code::ResourceExhausted, "{why}");
+            status
+        };
 
-        let mut first = call(&mut service, CREATE);
-        let mut second = call(&mut service, CREATE);
-        assert!(answered_at_once(&mut first).is_none(), "admitted");
-        assert!(answered_at_once(&mut second).is_none(), "admitted");
-
-        let shed = answered_at_once(&mut call(&mut service, CREATE)).expect("shed at once");
-        assert_eq!(shed.code(), Code::ResourceExhausted);
+        let first = admitted(&mut service, CREATE, "the first of two");
+        let second = admitted(&mut service, CREATE, "the second of two");
+        let status = shed(&mut service, "the limit is taken");
         assert_eq!(
-            shed.get_details_retry_info()
+            status
+                .get_details_retry_info()
                 .and_then(|retry| retry.retry_delay),
             Some(Duration::from_millis(250))
         );
+        let health = admitted(&mut service, HEALTH, "health, with every slot taken");
 
-        let mut health = call(&mut service, HEALTH);
-        assert!(
-            answered_at_once(&mut health).is_none(),
-            "health is admitted, never shed"
-        );
-
-        // The second call ends (its caller went away): its slot serves the next call.
+        // The second caller goes away: its slot is free. Health takes none of it.
         drop(second);
-        let mut third = call(&mut service, CREATE);
-        assert!(
-            answered_at_once(&mut third).is_none(),
-            "admitted in the freed slot"
-        );
-        let shed = answered_at_once(&mut call(&mut service, CREATE)).expect("shed at once");
-        assert_eq!(shed.code(), Code::ResourceExhausted);
+        let other_health = admitted(&mut service, HEALTH, "health, with a slot free");
+        let third = admitted(&mut service, CREATE, "in the slot the second freed");
+        shed(&mut service, "the limit is taken again");
 
-        gate.add_permits(3);
-        for admitted in [first, third, health] {
-            let response = admitted.await.expect("infallible");
+        // The first call is answered: its slot serves the next call.
+        gate.add_permits(1);
+        let response = first.await.expect("infallible");
+        assert!(
+            tonic::Status::from_header_map(response.headers()).is_none(),
+            "served"
+        );
+        let fourth = admitted(&mut service, CREATE, "in the slot the first freed");
+        shed(&mut service, "the limit is taken once more");
+
+        gate.add_permits(4);
+        for answer in [health, other_health, third, fourth] {
+            let response = answer.await.expect("infallible");
             assert!(
                 tonic::Status::from_header_map(response.headers()).is_none(),
                 "served"

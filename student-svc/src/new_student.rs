@@ -173,10 +173,7 @@ mod tests {
         for (spoil, field) in cases {
             let mut bad = request();
             spoil(&mut bad);
-            match NewStudent::try_from(bad) {
-                Err(Error::InvalidArgument(violation)) => assert_eq!(violation.field, field),
-                other => panic!("expected a violation of {field}, got {other:?}"),
-            }
+            assert_eq!(violated_field(NewStudent::try_from(bad)), field);
         }
     }
 
@@ -191,8 +188,9 @@ mod tests {
         }
     }
 
-    fn violated_field(change: Result<StudentChange, Error>) -> &'static str {
-        match change {
+    /// The field a request was refused for.
+    fn violated_field<T: std::fmt::Debug>(request: Result<T, Error>) -> &'static str {
+        match request {
             Err(Error::InvalidArgument(violation)) => violation.field,
             other => panic!("expected a violation, got {other:?}"),
         }
@@ -211,6 +209,26 @@ mod tests {
         );
         assert_eq!(change.expected_version, Some(2));
         assert_eq!(change.client_key.as_deref(), Some("k-1"));
+        // 0 asks for no version in particular.
+        let any_version = StudentChange::try_from(UpdateStudentRequest {
+            expected_version: 0,
+            ..update()
+        })
+        .expect("valid");
+        assert_eq!(any_version.expected_version, None);
+        let deactivate = StudentChange::try_from(DeactivateStudentRequest {
+            id: update().id,
+            idempotency_key: None,
+        })
+        .expect("valid");
+        assert_eq!(
+            (
+                deactivate.change,
+                deactivate.expected_version,
+                deactivate.client_key
+            ),
+            (Change::Deactivate, None, None)
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ on_both_backends!(
     a_call_creates_each_item_once_and_a_repeat_replays_every_item,
     each_item_gets_the_answer_create_user_would_give_it_alone,
     a_call_no_item_of_which_can_be_judged_is_refused_whole,
+    a_call_of_exactly_100_items_creates_every_user,
     replay_only_calls_never_create,
     two_racing_calls_with_the_same_keys_create_each_user_once,
 );
@@ -275,7 +276,13 @@ async fn a_call_no_item_of_which_can_be_judged_is_refused_whole(backend: Backend
         );
     }
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
-    // The limit itself is allowed: 100 items, 100 users.
+}
+
+/// The limit on items is inclusive: a call of exactly 100 creates every user.
+async fn a_call_of_exactly_100_items_creates_every_user(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
     let results = send(&app, call((0..100).map(user))).await;
     assert_eq!(results.len(), 100);
     for result in &results {

@@ -4,8 +4,10 @@
 use proto::users::v1::{
     CreateUserRequest, DisableUserRequest, GetUserRequest, UpdateUserRequest, User,
 };
+use sea_orm::{ActiveModelTrait, ActiveValue::Set, EntityTrait};
 use tonic::{Code, Request, Status, metadata::MetadataValue};
 use tonic_types::StatusExt as _;
+use users_svc::entity::users;
 use uuid::Uuid;
 
 use crate::{
@@ -293,26 +295,38 @@ async fn disabling_frees_the_document_number(backend: Backend) {
 
 /// Should Users hold two users for one student (a row given a new key after its first key
 /// had run and been purged, which `relay retry-failed` warns against), every change goes
-/// to the same one, the first created, and the other is left alone.
+/// to the same one, the first created, and the other is left alone. The first created is
+/// written here second, with a greater id, so neither the order rows were written in nor
+/// the ids can stand in for the creation time.
 async fn a_change_goes_to_the_students_first_user_should_there_be_two(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let first = create_user(&app).await;
-    let mut users = app.users.clone();
-    let second = users
-        .create_user(CreateUserRequest {
-            idempotency_key: "create-again".into(),
-            email: "ana.again@example.edu".into(),
-            first_name: "Ana".into(),
-            last_name: "Pérez".into(),
-            document_number: "DOC-2002".into(),
-            student_id: STUDENT.into(),
-        })
+    let later = create_user(&app).await;
+    let later_created_at = users::Entity::find_by_id(Uuid::parse_str(&later).expect("uuid"))
+        .one(&app.users_db)
         .await
-        .expect("a second user for the student")
-        .into_inner()
-        .user_id;
+        .expect("read")
+        .expect("stored")
+        .created_at;
+    let first = Uuid::now_v7();
+    users::ActiveModel {
+        id: Set(first),
+        email: Set("ana.again@example.edu".into()),
+        first_name: Set("Ana".into()),
+        last_name: Set("Pérez".into()),
+        document_number: Set("DOC-2002".into()),
+        student_id: Set(Uuid::parse_str(STUDENT).expect("uuid")),
+        enabled: Set(true),
+        created_at: Set(later_created_at - chrono::TimeDelta::hours(1)),
+        source_version: Set(1),
+    }
+    .insert(&app.users_db)
+    .await
+    .expect("a user created before, for the same student");
+    let first = first.to_string();
+
+    let mut users = app.users.clone();
     let updated = users
         .update_user(update("u2", "Renamed", 2))
         .await
@@ -340,7 +354,7 @@ async fn a_change_goes_to_the_students_first_user_should_there_be_two(backend: B
         ),
         ("Renamed", false, 3)
     );
-    let untouched = user(&app, &second).await;
+    let untouched = user(&app, &later).await;
     assert_eq!(
         (
             untouched.first_name.as_str(),
