@@ -287,4 +287,29 @@ mod tests {
         assert_eq!(split_path("//Method"), ("unknown", "unknown"));
         assert_eq!(split_path("no-slash"), ("unknown", "unknown"));
     }
+
+    /// A call the server has no method for (a scanner trying paths) is counted under
+    /// `unknown`, so its path never becomes a label value; a served call keeps its names,
+    /// and a call dropped unfinished is counted once, as CANCELLED.
+    #[test]
+    fn unserved_paths_are_counted_as_unknown_and_each_call_once() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            Call::start("/scan.Me/Nope").finish(Code::Unimplemented);
+            Call::start("/users.v1.UsersService/GetUser").finish(Code::NotFound);
+            drop(Call::start("/users.v1.UsersService/CreateUser"));
+        });
+        let text = recorder.handle().render();
+        for line in [
+            "grpc_server_handled_total{grpc_service=\"unknown\",grpc_method=\"unknown\",grpc_code=\"UNIMPLEMENTED\"} 1\n",
+            "grpc_server_handled_total{grpc_service=\"users.v1.UsersService\",grpc_method=\"GetUser\",grpc_code=\"NOT_FOUND\"} 1\n",
+            "grpc_server_handled_total{grpc_service=\"users.v1.UsersService\",grpc_method=\"CreateUser\",grpc_code=\"CANCELLED\"} 1\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(
+            !text.contains("Nope") && !text.contains("scan.Me"),
+            "{text}"
+        );
+    }
 }

@@ -737,6 +737,24 @@ async fn rows_past_the_horizon_sent_together_are_each_refused(backend: Backend) 
         (0, 0),
         "nothing executed, nothing saved"
     );
+    // The API says why: Users' reason, not "unreachable".
+    let student = stack
+        .student_client()
+        .get_student(proto::student::v1::GetStudentRequest {
+            id: rows[0].aggregate_id.to_string(),
+        })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(
+        student.user_link_status(),
+        proto::student::v1::UserLinkStatus::Failed
+    );
+    assert!(
+        student.link_error.starts_with("DELIVERY_EXPIRED: "),
+        "{}",
+        student.link_error
+    );
     let users = scrape(stack.metrics_addr("users-svc").await).await;
     assert_eq!(
         sample(

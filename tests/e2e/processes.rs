@@ -85,6 +85,20 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
         assert_eq!(*line, expected);
     }
     assert_eq!(lines[20], "replayed=20 matched=20 mismatched=0 errors=0");
+    // One row by its key; a key no row has is an error, not a verdict.
+    let first = lines[0].to_owned();
+    let key = first
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("key="))
+        .expect("a key");
+    let one = stack.relay_command(&["replay", "--key", key]);
+    assert_eq!(one.status.code(), Some(0), "{one:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&one.stdout),
+        format!("{first}\nreplayed=1 matched=1 mismatched=0 errors=0\n")
+    );
+    let unknown = stack.relay_command(&["replay", "--key", "no-such-key"]);
+    assert_eq!(unknown.status.code(), Some(2), "{unknown:?}");
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await,
         (20, 20),
