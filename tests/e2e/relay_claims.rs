@@ -561,6 +561,19 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
     let other = uuid::Uuid::now_v7();
     link(2, other).await;
     link(5, users[5]).await;
+    // Rows 3 and 6's students already reflect a later change (synced_version 2): recording
+    // their creation must not lower it, alone or in a set.
+    for n in [3, 6] {
+        students::Entity::update_many()
+            .col_expr(
+                students::Column::SyncedVersion,
+                sea_orm::sea_query::Expr::value(2),
+            )
+            .filter(students::Column::Id.eq(claimed[n].aggregate_id))
+            .exec(db)
+            .await
+            .expect("synced later by hand");
+    }
     // Every row still held carries the error of an earlier attempt, which `done` clears.
     outbox::Entity::update_many()
         .col_expr(
@@ -619,7 +632,7 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
 
     // What is stored: every row but the refused one done with its user, lease cleared; each
     // student linked to its own user (row 2's to the other) with synced_version 1 where
-    // done.
+    // done, never lowered (rows 3 and 6: 2).
     let rows = rows(&app).await;
     for (n, row) in rows.iter().enumerate() {
         let student = students::Entity::find_by_id(row.aggregate_id)
@@ -649,9 +662,10 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
                 (None, None, None),
                 "row {n} keeps nothing of its lease or an earlier error"
             );
+            let synced = if n == 3 || n == 6 { 2 } else { 1 };
             assert_eq!(
                 (student.user_id, student.synced_version),
-                (Some(users[n]), 1),
+                (Some(users[n]), synced),
                 "student of row {n}"
             );
         }
