@@ -174,6 +174,19 @@ mod tests {
         );
     }
 
+    /// The chain goes down to the root cause, however many sources lie between.
+    #[test]
+    fn the_logged_chain_reaches_the_root_of_a_three_level_cause() {
+        let err = anyhow::Error::new(std::io::Error::other("disk full"))
+            .context("cannot write the row")
+            .context("cannot save the user");
+        let cause: &(dyn std::error::Error + 'static) = err.as_ref();
+        assert_eq!(
+            chain(cause),
+            "cannot save the user: cannot write the row: disk full"
+        );
+    }
+
     #[test]
     fn overload_says_when_to_retry() {
         let status = overloaded(Duration::from_millis(250));

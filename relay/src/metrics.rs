@@ -146,3 +146,37 @@ pub async fn watch_outbox(db: DatabaseConnection, shutdown: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    use super::*;
+
+    /// Each status's gauge shows that status's own count, never another's.
+    #[test]
+    fn each_outbox_status_gauge_shows_its_own_count() {
+        let report = OutboxReport {
+            pending: 1,
+            processing: 2,
+            done: 3,
+            failed: 4,
+            oldest_pending_age_seconds: 5,
+            retrying: 6,
+            blocked: 7,
+        };
+        let recorder = PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || outbox_gauges(&report));
+        let text = recorder.handle().render();
+        for line in [
+            "outbox_rows{status=\"pending\"} 1\n",
+            "outbox_rows{status=\"processing\"} 2\n",
+            "outbox_rows{status=\"done\"} 3\n",
+            "outbox_rows{status=\"failed\"} 4\n",
+            "outbox_rows{status=\"blocked\"} 7\n",
+            "outbox_oldest_pending_age_seconds 5\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+}

@@ -213,4 +213,28 @@ mod tests {
         assert_eq!(err.code(), "UNREADABLE_PAYLOAD");
         assert!(!err.to_string().contains('7'), "never quotes the payload");
     }
+
+    /// Only the exact format version is read: an older version or none at all is refused,
+    /// saying which.
+    #[test]
+    fn a_payload_of_an_older_version_or_none_is_refused() {
+        let effect = create_user();
+        let mut older = effect.payload();
+        older["version"] = 0.into();
+        assert_eq!(
+            Effect::decode(CREATE_USER, &older),
+            Err(EffectError::UnreadablePayload(
+                "payload version 0, this code reads version 1".into()
+            ))
+        );
+        let mut unversioned = effect.payload();
+        unversioned
+            .as_object_mut()
+            .expect("a payload is a JSON object")
+            .remove("version");
+        assert_eq!(
+            Effect::decode(CREATE_USER, &unversioned),
+            Err(EffectError::UnreadablePayload("no payload version".into()))
+        );
+    }
 }

@@ -115,3 +115,23 @@ async fn ring(db: DatabaseConnection, mut pending: mpsc::Receiver<()>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each wake-up mode is spelled one way and parses to itself; anything else is refused.
+    #[test]
+    fn each_wake_up_parses_to_its_own_mode() {
+        assert_eq!("after-commit".parse(), Ok(WakeRelays::AfterCommit));
+        assert_eq!("in-transaction".parse(), Ok(WakeRelays::InTransaction));
+        assert_eq!("off".parse(), Ok(WakeRelays::Off));
+        assert_eq!(
+            "sometimes".parse::<WakeRelays>(),
+            Err(
+                "unknown wake-up \"sometimes\": expected after-commit, in-transaction or off"
+                    .into()
+            )
+        );
+    }
+}

@@ -159,4 +159,19 @@ mod tests {
         off.remember(request("a"), &created(), now);
         assert_eq!(off.recall("a", now), None);
     }
+
+    /// Only capacity 0 turns the cache off: a cache of one key remembers that key.
+    #[test]
+    fn a_cache_of_one_key_recalls_it() {
+        let cache = AnswerCache::new(1, HOUR);
+        let now = Utc::now();
+        cache.remember(request("k"), &created(), now);
+        assert_eq!(
+            cache.recall("k", now),
+            Some(Recalled {
+                request_hash: "hash".into(),
+                outcome: created()
+            })
+        );
+    }
 }

@@ -142,4 +142,48 @@ mod tests {
             assert!(text.contains(&line), "{line} in:\n{text}");
         }
     }
+
+    /// A request the database failed is counted under no result: the inbox decided nothing.
+    #[test]
+    fn a_database_failure_is_not_counted_as_an_inbox_result() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            inbox_request(
+                "CreateUser",
+                &Err(Error::Db(sea_orm::DbErr::Custom("connection lost".into()))),
+            );
+        });
+        let text = recorder.handle().render();
+        assert!(
+            !text.contains(INBOX_REQUESTS),
+            "nothing counted in:\n{text}"
+        );
+
+        let recorder = PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            inbox_request(
+                "CreateUser",
+                &Err(Error::Db(sea_orm::DbErr::Custom("connection lost".into()))),
+            );
+            inbox_request(
+                "CreateUser",
+                &Ok(Answer {
+                    outcome: SavedOutcome::Created {
+                        user_id: Uuid::nil(),
+                    },
+                    replayed: false,
+                }),
+            );
+        });
+        let text = recorder.handle().render();
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with(INBOX_REQUESTS))
+            .collect();
+        assert_eq!(
+            samples,
+            ["inbox_requests_total{rpc=\"CreateUser\",result=\"executed\"} 1"],
+            "in:\n{text}"
+        );
+    }
 }
