@@ -46,8 +46,12 @@ impl Wakeup {
         let (task, what) = if platform::db::is_sqlite(url) {
             let watcher = async {
                 let options = SqliteConnectOptions::from_str(url)?.read_only(true);
-                let connection = SqliteConnection::connect_with(&options).await?;
-                Ok(tokio::spawn(watch(connection, notified.clone())))
+                let mut connection = SqliteConnection::connect_with(&options).await?;
+                // Read before this returns, not when the task first runs: a commit made
+                // after the relay's first claim but before the task's first read would
+                // otherwise be taken for the starting point and wake nobody.
+                let seen = data_version(&mut connection).await?;
+                Ok(tokio::spawn(watch(connection, seen, notified.clone())))
             };
             (watcher.await, "watch the SQLite file")
         } else {
@@ -147,20 +151,15 @@ async fn forward(mut listener: PgListener, notified: Arc<Notify>) {
 /// commit of its own that left nothing pending costs it no claim. The version means
 /// something only on the connection that read it, hence one connection held for good; if
 /// it fails, polling covers.
-async fn watch(mut connection: SqliteConnection, notified: Arc<Notify>) {
-    let mut seen: Option<i64> = None;
+async fn watch(mut connection: SqliteConnection, mut seen: i64, notified: Arc<Notify>) {
     let mut tick = tokio::time::interval(SQLITE_WATCH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match sea_orm::sqlx::query_scalar::<_, i64>("PRAGMA data_version")
-            .fetch_one(&mut connection)
-            .await
-        {
+        match data_version(&mut connection).await {
             Ok(version) => {
-                let wake =
-                    seen.is_some_and(|seen| seen != version) && any_pending(&mut connection).await;
-                seen = Some(version);
+                let wake = seen != version && any_pending(&mut connection).await;
+                seen = version;
                 if wake {
                     notified.notify_one();
                     tick.reset_after(SQLITE_MIN_WAKE_GAP);
@@ -174,10 +173,80 @@ async fn watch(mut connection: SqliteConnection, notified: Arc<Notify>) {
     }
 }
 
+/// The file's `PRAGMA data_version` as `connection` sees it: it changes once another
+/// connection has committed.
+async fn data_version(connection: &mut SqliteConnection) -> Result<i64, sea_orm::sqlx::Error> {
+    sea_orm::sqlx::query_scalar::<_, i64>("PRAGMA data_version")
+        .fetch_one(connection)
+        .await
+}
+
 /// Whether a row is pending; on an error, yes (the claim will say).
 async fn any_pending(connection: &mut SqliteConnection) -> bool {
     sea_orm::sqlx::query_scalar::<_, bool>(student_store::outbox::ANY_PENDING.as_str())
         .fetch_one(connection)
         .await
         .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use student_store::{students, wake::RelayBell};
+
+    use super::*;
+
+    /// A student written now, as student-svc writes one: with its pending create-user row.
+    fn new_student() -> students::NewStudentRow {
+        students::NewStudentRow {
+            id: uuid::Uuid::now_v7(),
+            first_name: "Ana".into(),
+            last_name: "Pérez".into(),
+            email: "ana@example.edu".into(),
+            document_number: "DOC-1".into(),
+            client_key: None,
+            request_hash: "hash".into(),
+            created_at: platform::db::now(),
+            traceparent: String::new(),
+        }
+    }
+
+    /// No lost wake-up at start: a row committed after `for_database` returned wakes the
+    /// relay even if the watcher's task had not run yet. (A single-threaded runtime, and
+    /// the commit made on another thread while this one is blocked, so the task cannot
+    /// run before the commit.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_commit_before_the_watchers_first_look_still_wakes_the_relay() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("student.db").display()
+        );
+        migrations::open::<migrations::student::Migrator>(&url, 1)
+            .await
+            .expect("schema");
+        let wakeup = Wakeup::for_database(&url).await;
+        assert!(wakeup.is_listening(), "watching the file");
+
+        let writer_url = url.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the writer");
+            runtime.block_on(async {
+                let db = platform::db::connect(&writer_url).await.expect("connect");
+                let (_, written) =
+                    students::create_each(&db, &RelayBell::silent(), vec![new_student()]).await;
+                written[0]
+                    .as_ref()
+                    .expect("a student and its row committed");
+            });
+        })
+        .join()
+        .expect("the writer thread");
+
+        tokio::time::timeout(Duration::from_secs(10), wakeup.notified())
+            .await
+            .expect("the commit woke the relay");
+    }
 }
