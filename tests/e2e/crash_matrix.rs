@@ -72,7 +72,12 @@ async fn student_svc_crash_before_commit_stores_nothing_and_the_retry_creates_on
 /// on PostgreSQL CreateStudent is one statement, so this takes the mode that keeps its
 /// transaction (`--wake-relays in-transaction`), and the database must roll it back.
 async fn student_svc_crash_inside_an_open_transaction_stores_nothing(backend: Backend) {
-    crash_before_commit_then_retry(backend, &["--wake-relays", "in-transaction"]).await;
+    let stack = crash_before_commit_then_retry(backend, &["--wake-relays", "in-transaction"]).await;
+    // The crash happened in the mode under test: student-svc says so when it starts.
+    if let Some(stack) = stack {
+        let log = stack.log_of("student-svc");
+        assert!(log.contains("wake_relays=InTransaction"), "{log}");
+    }
 }
 
 /// A change is one transaction too: student-svc dies with the new version and its
@@ -141,10 +146,11 @@ async fn student_svc_crash_before_a_change_commits_stores_neither_and_the_retry_
     stack.assert_audit_clean(1);
 }
 
-async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) {
-    let Some(mut stack) = Stack::start(backend).await else {
-        return;
-    };
+/// student-svc (started with `flags`) dies before CreateStudent's commit; nothing is
+/// stored, and the client's retry with its key creates and links the student once.
+/// Returns the stack for further checks (`None` when the backend is not available).
+async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) -> Option<Stack> {
+    let mut stack = Stack::start(backend).await?;
     stack
         .restart_student_with(Some(&armed(points::STUDENT_BEFORE_COMMIT, "abort")), flags)
         .await;
@@ -182,6 +188,7 @@ async fn crash_before_commit_then_retry(backend: Backend, flags: &[&str]) {
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     stack.assert_audit_clean(1);
+    Some(stack)
 }
 
 /// The server's deadline (`--request-timeout`) passes while the request's write is being
