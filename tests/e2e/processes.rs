@@ -85,11 +85,11 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
         assert_eq!(*line, expected);
     }
     assert_eq!(lines[20], "replayed=20 matched=20 mismatched=0 errors=0");
-    // Twenty commits rang the relays where that works (PostgreSQL) and tried nothing
-    // where it does not (SQLite has no NOTIFY).
+    // No ring after twenty commits failed, and on SQLite (no NOTIFY) none was tried.
+    // (That a ring wakes a relay: relay_claims' wake-up tests.)
     let student_log = stack.log_of("student-svc");
     assert!(!student_log.contains("cannot NOTIFY"), "{student_log}");
-    // One row by its key; a key no row has is an error, not a verdict.
+    // One row by its key; a key no delivered row has is an error, not a verdict.
     let first = lines[0].to_owned();
     let key = first
         .split_whitespace()
@@ -103,6 +103,11 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
     );
     let unknown = stack.relay_command(&["replay", "--key", "no-such-key"]);
     assert_eq!(unknown.status.code(), Some(2), "{unknown:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&unknown.stdout),
+        "no delivered outbox row matches --key no-such-key\n\
+         replayed=0 matched=0 mismatched=0 errors=1\n"
+    );
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await,
         (20, 20),

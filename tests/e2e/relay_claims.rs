@@ -561,10 +561,14 @@ async fn a_group_commit_records_each_row_as_it_would_alone(backend: Backend) {
     let other = uuid::Uuid::now_v7();
     link(2, other).await;
     link(5, users[5]).await;
-    // Rows 3 and 6's students already reflect a later change (synced_version 2): recording
-    // their creation must not lower it, alone or in a set.
+    // Rows 3 and 6's students already reflect a later change (version and synced_version
+    // 2): recording their creation must not lower it, alone or in a set.
     for n in [3, 6] {
         students::Entity::update_many()
+            .col_expr(
+                students::Column::Version,
+                sea_orm::sea_query::Expr::value(2),
+            )
             .col_expr(
                 students::Column::SyncedVersion,
                 sea_orm::sea_query::Expr::value(2),
@@ -1029,8 +1033,7 @@ async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
     };
     let wakeup = Wakeup::for_database(&app.databases.student_url).await;
     assert!(wakeup.is_listening(), "the watcher runs");
-    // Two commits that leave nothing pending, each watched for 30 of the watcher's reads
-    // (the first may land before its first read, which only sets where it starts).
+    // Two commits that leave nothing pending, each watched for 30 of the watcher's reads.
     for probe in 0..2 {
         app.student_db
             .execute_unprepared(&format!("CREATE TABLE probe_{probe} (x INTEGER)"))
