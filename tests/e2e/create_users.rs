@@ -9,15 +9,16 @@ use proto::users::v1::{
 };
 use sea_orm::EntityTrait;
 use tonic::{Code, Request, metadata::MetadataValue};
-use users_svc::entity::{
-    inbox::{self, SavedOutcome},
-    users,
-};
+use users_svc::entity::inbox::{self, SavedOutcome};
 use uuid::Uuid;
 
 use crate::{
     on_both_backends,
-    support::{Backend, TestApp, invariants::users_and_inbox_rows, spawn_app},
+    support::{
+        Backend, TestApp,
+        invariants::{stored_user, users_and_inbox_rows},
+        spawn_app,
+    },
 };
 
 on_both_backends!(
@@ -103,11 +104,7 @@ async fn a_call_creates_each_item_once_and_a_repeat_replays_every_item(backend: 
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (3, 3));
     // Each user is its item's, and its key saved that user.
     for (n, id) in ids.iter().enumerate() {
-        let stored = users::Entity::find_by_id(*id)
-            .one(&app.users_db)
-            .await
-            .expect("query")
-            .expect("stored");
+        let stored = stored_user(&app.users_db, *id).await;
         let sent = user(n);
         assert_eq!(
             (

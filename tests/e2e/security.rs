@@ -33,7 +33,7 @@ use crate::{
         app::{AppOptions, TestApp, channel, spawn_app_with, test_tuning},
         certs::TestPki,
         eventually,
-        invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
+        invariants::{assert_each_student_linked_exactly_once, stored_user, users_and_inbox_rows},
         metrics::{sample, scrape},
         stack::{LINK_DEADLINE, ROWS_GO_TOGETHER, Stack, binaries},
         student_request,
@@ -418,11 +418,7 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
         .expect("created through Users")
         .into_inner();
     let user_id: uuid::Uuid = created.user_id.parse().expect("linked at once");
-    let user = users_svc::entity::users::Entity::find_by_id(user_id)
-        .one(&users_db)
-        .await
-        .expect("Users DB")
-        .expect("the user it named");
+    let user = stored_user(&users_db, user_id).await;
     assert_eq!(user.student_id.to_string(), created.id);
 }
 

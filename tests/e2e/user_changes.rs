@@ -4,7 +4,7 @@
 use proto::users::v1::{
     CreateUserRequest, DisableUserRequest, GetUserRequest, UpdateUserRequest, User,
 };
-use sea_orm::{ActiveModelTrait, ActiveValue::Set, EntityTrait};
+use sea_orm::{ActiveModelTrait, ActiveValue::Set};
 use tonic::{Code, Request, Status, metadata::MetadataValue};
 use tonic_types::StatusExt as _;
 use users_svc::entity::users;
@@ -12,7 +12,11 @@ use uuid::Uuid;
 
 use crate::{
     on_both_backends,
-    support::{Backend, TestApp, invariants::users_and_inbox_rows, spawn_app},
+    support::{
+        Backend, TestApp,
+        invariants::{stored_user, users_and_inbox_rows},
+        spawn_app,
+    },
 };
 
 on_both_backends!(
@@ -303,11 +307,8 @@ async fn a_change_goes_to_the_students_first_user_should_there_be_two(backend: B
         return;
     };
     let later = create_user(&app).await;
-    let later_created_at = users::Entity::find_by_id(Uuid::parse_str(&later).expect("uuid"))
-        .one(&app.users_db)
+    let later_created_at = stored_user(&app.users_db, Uuid::parse_str(&later).expect("uuid"))
         .await
-        .expect("read")
-        .expect("stored")
         .created_at;
     let first = Uuid::now_v7();
     users::ActiveModel {

@@ -14,7 +14,7 @@ use crate::{
     support::{
         Backend,
         app::{AppOptions, spawn_app_with},
-        invariants::users_and_inbox_rows,
+        invariants::{stored_user, users_and_inbox_rows},
         pgbench, spawn_app,
     },
 };
@@ -191,11 +191,7 @@ async fn first_delivery_creates_one_user_and_one_inbox_row(backend: Backend) {
     );
     let user_id = Uuid::parse_str(&response.into_inner().user_id).expect("uuid user id");
 
-    let user = users::Entity::find_by_id(user_id)
-        .one(&app.users_db)
-        .await
-        .expect("query")
-        .expect("user stored");
+    let user = stored_user(&app.users_db, user_id).await;
     assert_eq!(
         (
             user.email.as_str(),
@@ -555,11 +551,7 @@ async fn get_user_returns_the_user_or_names_the_problem(backend: Backend) {
     );
     assert_eq!(user.student_id, "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a");
     // Every field as stored, the creation time to the microsecond.
-    let stored = users::Entity::find_by_id(Uuid::parse_str(&id).expect("uuid"))
-        .one(&app.users_db)
-        .await
-        .expect("read")
-        .expect("stored");
+    let stored = stored_user(&app.users_db, Uuid::parse_str(&id).expect("uuid")).await;
     assert_eq!(
         (
             user.first_name.as_str(),

@@ -141,6 +141,15 @@ pub async fn assert_each_student_linked_exactly_once(
     links
 }
 
+/// The user `id` as stored in the Users DB; fails the test if there is none.
+pub async fn stored_user(users_db: &DatabaseConnection, id: Uuid) -> users::Model {
+    users::Entity::find_by_id(id)
+        .one(users_db)
+        .await
+        .expect("read the users table")
+        .unwrap_or_else(|| panic!("user {id} is stored"))
+}
+
 /// Number of users and inbox rows in the Users DB.
 pub async fn users_and_inbox_rows(users_db: &DatabaseConnection) -> (u64, u64) {
     (
