@@ -11,7 +11,7 @@ use crate::{
     on_both_backends,
     support::{
         Backend, eventually,
-        invariants::assert_each_student_linked_exactly_once,
+        invariants::{assert_each_student_linked_exactly_once, assert_linked_at_first_attempt},
         metrics::{sample, scrape},
         stack::{LINK_DEADLINE, Stack},
     },
@@ -179,11 +179,8 @@ async fn a_lease_with_less_left_than_a_call_may_take_sends_nothing(backend: Back
         stack.kill_relays();
     }
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 8).await;
-    let rows = stack.outbox_rows().await;
-    assert!(
-        rows.iter().all(|row| row.attempts == 1),
-        "the released claims used no attempt: {rows:?}"
-    );
+    // The released claims used no attempt.
+    assert_linked_at_first_attempt(&stack.outbox_rows().await);
     assert_eq!(
         stack
             .log_of("users-svc")
@@ -260,11 +257,8 @@ async fn a_claim_kept_waiting_for_a_lock_counts_its_lease_from_before_the_wait(b
         .await;
     stack.stop_relays(Duration::from_secs(15));
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
-    let rows = stack.outbox_rows().await;
-    assert!(
-        rows.iter().all(|row| row.attempts == 1),
-        "the released claim used no attempt: {rows:?}"
-    );
+    // The released claim used no attempt.
+    assert_linked_at_first_attempt(&stack.outbox_rows().await);
 }
 
 /// Whether the relay (PostgreSQL shows its connections as `relay`) waits for a lock on the
