@@ -32,7 +32,7 @@ use crate::{
             alert_test_series, exported_names, has_label_value, label_names, ops_expressions,
             promql_names, sample, scrape,
         },
-        stack::{LINK_DEADLINE, ROWS_GO_TOGETHER, Stack},
+        stack::{LINK_DEADLINE, Stack},
         student_request,
     },
 };
@@ -706,7 +706,7 @@ async fn rows_past_the_horizon_sent_together_are_each_refused(backend: Backend) 
         .expect("three rows");
     wait_past_a_two_second_retention(youngest).await;
 
-    stack.start_relay(None, ROWS_GO_TOGETHER);
+    stack.start_relay_sending_together();
     let rows = eventually("every row to be finished", LINK_DEADLINE, || async {
         let rows = stack.outbox_rows().await;
         rows.iter()
@@ -1032,7 +1032,7 @@ async fn rows_sent_together_are_each_judged_under_their_own_trace(backend: Backe
             .id;
         journeys.push((student, trace_id));
     }
-    stack.start_relay(None, ROWS_GO_TOGETHER);
+    stack.start_relay_sending_together();
     stack.wait_until_all_linked(2).await;
     let users_log = stack
         .wait_for_log_lines("users-svc", "user created", 2)

@@ -35,7 +35,7 @@ use crate::{
         eventually,
         invariants::{assert_each_student_linked_exactly_once, stored_user, users_and_inbox_rows},
         metrics::{sample, scrape},
-        stack::{LINK_DEADLINE, ROWS_GO_TOGETHER, Stack, binaries},
+        stack::{LINK_DEADLINE, Stack, binaries},
         student_request,
     },
 };
@@ -672,7 +672,7 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
             .await
             .expect("created");
     }
-    stack.start_relay(None, ROWS_GO_TOGETHER);
+    stack.start_relay_sending_together();
     eventually("both batched rows to be linked", LINK_DEADLINE, || async {
         (done(stack.outbox_rows().await) == 4).then_some(())
     })

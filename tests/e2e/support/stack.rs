@@ -52,18 +52,6 @@ pub const RELAY_TUNING: &[&str] = &[
 /// fails the call at once: its connection closes.
 pub const CALLS_OUTLAST_A_STALL: &[&str] = &["--call-timeout", "20s", "--lease", "40s"];
 
-/// For a relay whose claim's create-user rows must reach Users together, in one CreateUsers
-/// call: up to 16 rows a call, and calls that outlast a stalled machine (rows whose call
-/// timed out are each sent again after a backoff of their own, apart).
-pub const ROWS_GO_TOGETHER: &[&str] = &[
-    "--rows-per-call",
-    "16",
-    "--call-timeout",
-    "20s",
-    "--lease",
-    "40s",
-];
-
 /// Builds the binaries, with fail points compiled in, once per test run.
 pub fn binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -272,6 +260,17 @@ impl Stack {
     pub fn start_relay_for_a_users_crash(&mut self, extra: &[&str]) {
         self.kill_relays();
         self.start_relay(None, &[CALLS_OUTLAST_A_STALL, extra].concat());
+    }
+
+    /// Starts one more relay whose claim's create-user rows reach Users together, in one
+    /// CreateUsers call: up to 16 rows a call, and calls that outlast a stalled machine
+    /// ([`CALLS_OUTLAST_A_STALL`]: rows whose call timed out would each be sent again after
+    /// a backoff of their own, apart).
+    pub fn start_relay_sending_together(&mut self) {
+        self.start_relay(
+            None,
+            &[CALLS_OUTLAST_A_STALL, &["--rows-per-call", "16"]].concat(),
+        );
     }
 
     /// Waits for relay `index` to die at an armed `abort` fail point.
