@@ -2,7 +2,8 @@
 //!
 //! A test starts a binary with `FAILPOINTS="name=action;name2=action"`, where an action is
 //! `abort` (the process dies at once, with no cleanup: a crash), `sleep(MS)` (the task
-//! waits), or either prefixed by `N*` to act on the first N hits only (`1*abort`). One
+//! waits), `error` (the step the point stands for fails, where the code asks with
+//! [`fails`]), or any of them prefixed by `N*` to act on the first N hits only (`1*abort`). One
 //! entry is not a point but a setting: `clock-skew=skew(MS)` moves the process's clock
 //! ([`clock_skew`]) by MS milliseconds (negative: behind), to test that nothing compares
 //! one machine's clock with another's. Without the feature, [`hit`] compiles to nothing
@@ -27,6 +28,14 @@ pub mod points {
     pub const RELAY_AFTER_CLAIM: &str = "relay-after-claim";
     /// relay: Users answered, the link and `done` not yet recorded.
     pub const RELAY_BEFORE_FINALIZE: &str = "relay-before-finalize";
+    /// relay, with `error`: setting up its wake-ups fails (PostgreSQL: connecting and
+    /// `LISTEN`ing; SQLite: opening the watcher and reading its first `data_version`), at
+    /// start and at each try to get them back, as while the database is unreachable.
+    pub const RELAY_WAKEUPS_SETUP: &str = "relay-wakeups-setup";
+    /// relay, with `error`: its running wake-ups are lost (PostgreSQL: waiting for a
+    /// notification fails, as when the connection drops and cannot be made again; SQLite:
+    /// a read of `data_version` fails). Hit each time the listener or watcher looks.
+    pub const RELAY_WAKEUPS_LOST: &str = "relay-wakeups-lost";
     /// users-svc, CreateUser: the request arrived; nothing read, written or locked yet (a
     /// `sleep` here makes Users slow without holding any database lock).
     pub const USERS_ON_REQUEST: &str = "users-on-request";
@@ -51,9 +60,28 @@ pub async fn hit(name: &str) {
                 tracing::warn!(failpoint = name, ?duration, "fail point: sleeping");
                 tokio::time::sleep(duration).await;
             }
-            armed::Action::Skew(_) => {}
+            armed::Action::Skew(_) | armed::Action::Error => {}
         }
     }
+}
+
+/// Whether the step the fail point `name` stands for should fail now: `FAILPOINTS` arms it
+/// with `error` (each call is a hit).
+#[cfg(feature = "failpoints")]
+pub fn fails(name: &str) -> bool {
+    let fails = armed::take(name) == Some(armed::Action::Error);
+    if fails {
+        tracing::warn!(failpoint = name, "fail point: failing");
+    }
+    fails
+}
+
+/// Whether the step the fail point `name` stands for should fail now: never (the
+/// `failpoints` feature is off).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fails(_name: &str) -> bool {
+    false
 }
 
 /// Triggers the fail point `name` (compiled out: the `failpoints` feature is off).
@@ -90,6 +118,8 @@ mod armed {
     pub enum Action {
         Abort,
         Sleep(Duration),
+        /// The step fails; see [`super::fails`].
+        Error,
         /// Only for `clock-skew`: milliseconds added to the clock.
         Skew(i64),
     }
@@ -130,6 +160,7 @@ mod armed {
                 };
                 let action = match action {
                     "abort" => Action::Abort,
+                    "error" => Action::Error,
                     other => {
                         let (verb, argument) = other.strip_suffix(')')?.split_once('(')?;
                         match verb {
@@ -150,7 +181,8 @@ mod armed {
 
         #[test]
         fn specs_parse_into_counted_actions() {
-            let points = parse("a=abort; b=2*sleep(150);bad;c=explode;clock-skew=skew(-3600000)");
+            let points =
+                parse("a=abort; b=2*sleep(150);bad;c=explode;clock-skew=skew(-3600000);d=3*error");
             assert_eq!(points["a"].action, Action::Abort);
             assert_eq!(points["a"].remaining, None);
             assert_eq!(
@@ -160,6 +192,8 @@ mod armed {
             assert_eq!(points["b"].remaining, Some(2));
             assert!(!points.contains_key("bad") && !points.contains_key("c"));
             assert_eq!(points["clock-skew"].action, Action::Skew(-3_600_000));
+            assert_eq!(points["d"].action, Action::Error);
+            assert_eq!(points["d"].remaining, Some(3));
         }
     }
 }

@@ -17,6 +17,7 @@ pub const OUTBOX_ROWS: &str = "outbox_rows";
 pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 pub const IN_FLIGHT_LIMIT: &str = "relay_in_flight_limit";
 pub const FINALIZE_BATCHES: &str = "relay_finalize_batches_total";
+pub const WAKEUPS_LISTENING: &str = "relay_wakeups_listening";
 
 /// How often the gauges are read from the database. Each read touches only the rows still
 /// to deliver and the failed ones (see `outbox::report`), never the delivered history.
@@ -82,6 +83,10 @@ pub fn describe() {
         "Calls to Users this relay may have in flight now: --concurrency, lowered while Users sheds calls"
     );
     metrics::describe_gauge!(
+        WAKEUPS_LISTENING,
+        "1 while commits wake this relay (PostgreSQL LISTEN, the SQLite watcher); 0 while only its poll does, until they are back"
+    );
+    metrics::describe_gauge!(
         OUTBOX_ROWS,
         "Outbox rows by status, read from the Student DB (done: estimated on PostgreSQL)"
     );
@@ -102,6 +107,11 @@ pub fn delivery(effect: &str, outcome: Outcome) {
 pub fn in_flight_limit(limit: usize) {
     #[allow(clippy::cast_precision_loss)] // at most --concurrency, a u16
     metrics::gauge!(IN_FLIGHT_LIMIT).set(limit as f64);
+}
+
+/// Sets whether commits wake this relay now, or only its poll does.
+pub fn wakeups_listening(listening: bool) {
+    metrics::gauge!(WAKEUPS_LISTENING).set(if listening { 1.0 } else { 0.0 });
 }
 
 /// Times one call to Users.

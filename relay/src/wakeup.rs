@@ -7,9 +7,23 @@
 //! and the next wait returns at once. Waiting is cancel-safe, so the delivery loop can
 //! wait for "a call finished, or a row was notified, or the poll interval passed" in one
 //! `select!`.
+//!
+//! A listener or watcher that is lost (the connection dropped, the database restarting)
+//! comes back on its own, retrying with backoff while the poll covers; once it is back it
+//! wakes the relay, because rows committed while nobody listened woke nobody. That wake-up
+//! comes after it listens again, never before: a row committed in between would wait for
+//! the poll. `relay_wakeups_listening` says which state it is in.
 
-use std::{str::FromStr as _, sync::Arc, time::Duration};
+use std::{
+    str::FromStr as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
+use platform::failpoint::{self, points};
 use sea_orm::sqlx::{
     Connection as _,
     pool::PoolOptions,
@@ -32,67 +46,88 @@ pub const SQLITE_WATCH_INTERVAL: Duration = Duration::from_millis(10);
 /// together are claimed together.
 pub const SQLITE_MIN_WAKE_GAP: Duration = Duration::from_millis(40);
 
+/// The wait before the first try to get a lost listener or watcher back; it doubles after
+/// each failed try, up to [`RECOVERY_MAX`].
+pub const RECOVERY_BASE: Duration = Duration::from_millis(100);
+
+/// The longest wait between two tries to get a lost listener or watcher back.
+pub const RECOVERY_MAX: Duration = Duration::from_secs(5);
+
 /// Wake-ups for one relay.
 pub struct Wakeup {
-    notified: Arc<Notify>,
+    signal: Signal,
     listener: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl Wakeup {
-    /// LISTENs on PostgreSQL and watches `data_version` on SQLite; only polls when
-    /// neither can be set up (logged).
-    pub async fn for_database(url: &str) -> Self {
-        let notified = Arc::new(Notify::new());
-        let (task, what) = if platform::db::is_sqlite(url) {
-            let watcher = async {
-                let options = SqliteConnectOptions::from_str(url)?.read_only(true);
-                let mut connection = SqliteConnection::connect_with(&options).await?;
-                // Read before this returns, not when the task first runs: a commit made
-                // after the relay's first claim but before the task's first read would
-                // otherwise be taken for the starting point and wake nobody.
-                let seen = data_version(&mut connection).await?;
-                Ok(tokio::spawn(watch(connection, seen, notified.clone())))
-            };
-            (watcher.await, "watch the SQLite file")
-        } else {
-            let listener = async {
-                let mut listener = listen(url).await?;
-                listener.listen(OUTBOX_CHANNEL).await?;
-                Ok(tokio::spawn(forward(listener, notified.clone())))
-            };
-            (listener.await, "LISTEN")
-        };
-        match task {
-            Ok(task) => Self {
-                notified,
-                listener: Some(task),
-            },
-            Err::<_, anyhow::Error>(err) => {
-                tracing::warn!(error = format!("{err:#}"), "cannot {what}; polling only");
-                Self::poll_only()
-            }
+/// What the listener's or watcher's task shares with the relay.
+#[derive(Clone)]
+struct Signal {
+    notified: Arc<Notify>,
+    /// Whether commits wake the relay now (false while a lost listener or watcher is
+    /// being brought back).
+    listening: Arc<AtomicBool>,
+}
+
+impl Signal {
+    fn new() -> Self {
+        Self {
+            notified: Arc::new(Notify::new()),
+            listening: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// No wake-ups at all: only the poll interval starts a claim (what [`Self::for_database`]
-    /// falls back to; tests use it to tell the claim loop's own decisions from wake-ups).
+    /// Gives the relay a reason to claim.
+    fn wake(&self) {
+        self.notified.notify_one();
+    }
+
+    /// Records whether commits wake the relay now, for [`Wakeup::is_listening`] and
+    /// `relay_wakeups_listening`.
+    fn set_listening(&self, listening: bool) {
+        self.listening.store(listening, Ordering::Relaxed);
+        crate::metrics::wakeups_listening(listening);
+    }
+}
+
+impl Wakeup {
+    /// LISTENs on PostgreSQL and watches `data_version` on SQLite, both set up before this
+    /// returns. If that fails (logged), the relay polls while a task keeps trying.
+    pub async fn for_database(url: &str) -> Self {
+        let signal = Signal::new();
+        let task = if platform::db::is_sqlite(url) {
+            let first = open_watcher(url).await;
+            signal.set_listening(first.is_ok());
+            tokio::spawn(watch(url.to_owned(), first, signal.clone()))
+        } else {
+            let first = listen(url).await;
+            signal.set_listening(first.is_ok());
+            tokio::spawn(forward(url.to_owned(), first, signal.clone()))
+        };
+        Self {
+            signal,
+            listener: Some(task),
+        }
+    }
+
+    /// No wake-ups at all: only the poll interval starts a claim (tests use it to tell the
+    /// claim loop's own decisions from wake-ups).
     pub fn poll_only() -> Self {
         Self {
-            notified: Arc::new(Notify::new()),
+            signal: Signal::new(),
             listener: None,
         }
     }
 
-    /// Tells whether commits wake the relay (`LISTEN`, or the SQLite watcher) or only the
-    /// poll interval does.
+    /// Tells whether commits wake the relay now (`LISTEN`, or the SQLite watcher), or only
+    /// the poll interval does (never set up, or lost and not back yet).
     pub fn is_listening(&self) -> bool {
-        self.listener.is_some()
+        self.signal.listening.load(Ordering::Relaxed)
     }
 
     /// Returns once a row was notified since the last return (at once if one was while
     /// the relay was busy). Cancel-safe.
     pub async fn notified(&self) {
-        self.notified.notified().await;
+        self.signal.notified.notified().await;
     }
 }
 
@@ -105,9 +140,13 @@ impl Drop for Wakeup {
 }
 
 /// A listener on a connection of its own (one more than `--db-max-connections`), named in
-/// `pg_stat_activity` as the relay's pool is ([`platform::db::postgres_options`]). Its
-/// one-connection pool only reconnects it, as [`PgListener::connect`]'s does.
+/// `pg_stat_activity` as the relay's pool is ([`platform::db::postgres_options`]), and
+/// `LISTEN`ing when this returns. Its one-connection pool only reconnects it, as
+/// [`PgListener::connect`]'s does.
 async fn listen(url: &str) -> anyhow::Result<PgListener> {
+    if failpoint::fails(points::RELAY_WAKEUPS_SETUP) {
+        anyhow::bail!("fail point {}", points::RELAY_WAKEUPS_SETUP);
+    }
     let pool = PoolOptions::<Postgres>::new()
         .max_connections(1)
         .max_lifetime(None)
@@ -116,32 +155,101 @@ async fn listen(url: &str) -> anyhow::Result<PgListener> {
         .await?;
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.ignore_pool_close_event(true);
+    listener.listen(OUTBOX_CHANNEL).await?;
     Ok(listener)
 }
 
-/// Turns notifications into permits until the relay stops.
-async fn forward(mut listener: PgListener, notified: Arc<Notify>) {
+/// Turns notifications into permits until the relay stops, bringing the listener back
+/// whenever it is lost.
+async fn forward(url: String, first: anyhow::Result<PgListener>, signal: Signal) {
+    let mut listener = match first {
+        Ok(listener) => listener,
+        Err(err) => {
+            tracing::warn!(
+                error = format!("{err:#}"),
+                "cannot LISTEN; polling until it can"
+            );
+            listen_again(&url, &signal).await
+        }
+    };
     loop {
-        match listener.recv().await {
-            Ok(_) => {
+        let received = if failpoint::fails(points::RELAY_WAKEUPS_LOST) {
+            Err(sea_orm::sqlx::Error::Protocol(format!(
+                "fail point {}",
+                points::RELAY_WAKEUPS_LOST
+            )))
+        } else {
+            listener.try_recv().await
+        };
+        match received {
+            Ok(Some(_)) => {
                 // Several notifications before the relay looks are one reason to claim.
                 while listener.next_buffered().is_some() {}
-                notified.notify_one();
+                signal.wake();
             }
+            // The connection was lost, and the listener has connected and LISTENed again
+            // before saying so (sqlx's eager reconnect): rows committed in between notified
+            // nobody, so the relay claims once now.
+            Ok(None) => {
+                tracing::warn!("LISTEN connection lost and restored");
+                signal.wake();
+            }
+            // Lost, and connecting again failed (the database restarting, say).
             Err(err) => {
-                // The listener reconnects on its next recv; meanwhile polling covers, and
-                // rows committed during the gap are claimed at the next wake-up. This
-                // pause keeps a broken connection from spinning.
-                tracing::warn!(error = %err, "LISTEN connection lost");
-                notified.notify_one();
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                signal.set_listening(false);
+                tracing::warn!(error = %err, "LISTEN connection lost; polling until it is back");
+                listener = listen_again(&url, &signal).await;
             }
         }
     }
 }
 
+/// Connects and `LISTEN`s, retrying with backoff until it can; then wakes the relay for
+/// the rows committed while nobody listened.
+async fn listen_again(url: &str, signal: &Signal) -> PgListener {
+    let listener = recover("LISTEN", || listen(url)).await;
+    signal.set_listening(true);
+    signal.wake();
+    listener
+}
+
+/// Retries `attempt` with capped exponential backoff until it succeeds (each failure
+/// logged at debug: the loss was logged once, and `relay_wakeups_listening` shows it).
+async fn recover<T, F>(what: &str, mut attempt: impl FnMut() -> F) -> T
+where
+    F: Future<Output = anyhow::Result<T>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let wait = crate::backoff::exponential_ceiling(tries, RECOVERY_BASE, RECOVERY_MAX);
+        tokio::time::sleep(wait).await;
+        match attempt().await {
+            Ok(value) => {
+                tracing::info!(tries, "{what} back: commits wake the relay again");
+                return value;
+            }
+            Err(err) => tracing::debug!(tries, error = format!("{err:#}"), "{what} still lost"),
+        }
+    }
+}
+
+/// The SQLite watcher's connection, and the `data_version` it starts from (read before
+/// this returns, not when the watcher first runs: a commit made after the relay's first
+/// claim but before that read would otherwise be taken for the starting point and wake
+/// nobody).
+async fn open_watcher(url: &str) -> anyhow::Result<(SqliteConnection, i64)> {
+    if failpoint::fails(points::RELAY_WAKEUPS_SETUP) {
+        anyhow::bail!("fail point {}", points::RELAY_WAKEUPS_SETUP);
+    }
+    let options = SqliteConnectOptions::from_str(url)?.read_only(true);
+    let mut connection = SqliteConnection::connect_with(&options).await?;
+    let seen = data_version(&mut connection).await?;
+    Ok((connection, seen))
+}
+
 /// Turns commits that leave rows pending in the SQLite file into permits until the relay
-/// stops.
+/// stops, bringing the watcher back whenever it is lost.
 ///
 /// `PRAGMA data_version` on one connection changes whenever another connection has
 /// committed a change since it was last read: a student-svc commit, and also the relay's
@@ -149,36 +257,64 @@ async fn forward(mut listener: PgListener, notified: Arc<Notify>) {
 /// a reason to look: the relay is woken when a row is pending
 /// ([`student_store::outbox::ANY_PENDING`], a read, which takes no write lock), and a
 /// commit of its own that left nothing pending costs it no claim. The version means
-/// something only on the connection that read it, hence one connection held for good; if
-/// it fails, polling covers.
-async fn watch(mut connection: SqliteConnection, mut seen: i64, notified: Arc<Notify>) {
+/// something only on the connection that read it, hence one connection held for good.
+async fn watch(url: String, first: anyhow::Result<(SqliteConnection, i64)>, signal: Signal) {
+    let (mut connection, mut seen) = match first {
+        Ok(watcher) => watcher,
+        Err(err) => {
+            tracing::warn!(
+                error = format!("{err:#}"),
+                "cannot watch the SQLite file; polling until it can"
+            );
+            watch_again(&url, &signal).await
+        }
+    };
     let mut tick = tokio::time::interval(SQLITE_WATCH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match data_version(&mut connection).await {
+        let read = if failpoint::fails(points::RELAY_WAKEUPS_LOST) {
+            Err(anyhow::anyhow!("fail point {}", points::RELAY_WAKEUPS_LOST))
+        } else {
+            data_version(&mut connection).await
+        };
+        match read {
             Ok(version) => {
                 let wake = seen != version && any_pending(&mut connection).await;
                 seen = version;
                 if wake {
-                    notified.notify_one();
+                    signal.wake();
                     tick.reset_after(SQLITE_MIN_WAKE_GAP);
                 }
             }
             Err(err) => {
-                tracing::warn!(error = %err, "cannot read the SQLite data version; polling only");
-                return;
+                signal.set_listening(false);
+                tracing::warn!(
+                    error = format!("{err:#}"),
+                    "cannot read the SQLite data version; polling until it is back"
+                );
+                (connection, seen) = watch_again(&url, &signal).await;
             }
         }
     }
 }
 
+/// Opens the watcher again, retrying with backoff until it can; then wakes the relay:
+/// commits made while nobody watched are behind the new starting version, so only a claim
+/// finds their rows.
+async fn watch_again(url: &str, signal: &Signal) -> (SqliteConnection, i64) {
+    let watcher = recover("the SQLite watcher", || open_watcher(url)).await;
+    signal.set_listening(true);
+    signal.wake();
+    watcher
+}
+
 /// The file's `PRAGMA data_version` as `connection` sees it: it changes once another
 /// connection has committed.
-async fn data_version(connection: &mut SqliteConnection) -> Result<i64, sea_orm::sqlx::Error> {
-    sea_orm::sqlx::query_scalar::<_, i64>("PRAGMA data_version")
+async fn data_version(connection: &mut SqliteConnection) -> anyhow::Result<i64> {
+    Ok(sea_orm::sqlx::query_scalar::<_, i64>("PRAGMA data_version")
         .fetch_one(connection)
-        .await
+        .await?)
 }
 
 /// Whether a row is pending; on an error, yes (the claim will say).

@@ -43,6 +43,7 @@ on_both_backends!(
     every_binary_runs_on_one_thread,
     rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_line,
     waiting_create_user_rows_go_to_users_many_to_a_call,
+    a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed,
 );
 
 async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: Backend) {
@@ -828,21 +829,112 @@ fn users_migrations() -> Vec<String> {
         .collect()
 }
 
+/// README, "Wake-up": a relay whose wake-ups (PostgreSQL's LISTEN connection,
+/// SQLite's watcher) cannot be set up, here six times as while the database is unreachable,
+/// says so on `relay_wakeups_listening`, keeps trying with backoff, and once they are back
+/// claims what was committed while nothing woke it; and wake-ups lost while running are
+/// brought back the same way. Each relay polls every 300 s, so only a wake-up links a
+/// student in time.
+async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(backend: Backend) {
+    const POLL_RARELY: &[&str] = &["--poll-interval", "300s", "--metrics-addr", "127.0.0.1:0"];
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let what = match backend {
+        Backend::Sqlite => "the SQLite watcher",
+        Backend::Postgres => "LISTEN",
+    };
+    stack.kill_relays();
+    // Waiting before the relay starts: its first claim, which nothing needs to wake, takes it.
+    stack.create_students(0..1).await;
+    stack.start_relay(
+        Some(&format!("{}=6*error", points::RELAY_WAKEUPS_SETUP)),
+        POLL_RARELY,
+    );
+    stack.wait_until_all_linked(1).await;
+    let relay_metrics = stack.metrics_addr("relay-1").await;
+    let listening =
+        || async move { sample(&scrape(relay_metrics).await, "relay_wakeups_listening", &[]) };
+    stack.create_students(1..2).await;
+    // Read after the commit: the student was committed while the relay's wake-ups were down
+    // (six failed set-ups and their backoff take 6.3 s from the relay's start).
+    assert_eq!(
+        listening().await,
+        0.0,
+        "the wake-ups came back before the test could commit a student without them"
+    );
+    eventually("the wake-ups back", LINK_DEADLINE, || async {
+        (listening().await == 1.0).then_some(())
+    })
+    .await;
+    stack.wait_until_all_linked(2).await;
+    let log = stack.relay_log_of(1);
+    assert!(
+        log.contains("polling until it can"),
+        "the failed set-up is logged:\n{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "{what} back: commits wake the relay again tries=6"
+        )),
+        "the recovery is logged, after six tries:\n{log}"
+    );
+
+    // Lost while running: once back (at its first try), a commit wakes the relay again.
+    stack.kill_relays();
+    stack.start_relay(
+        Some(&format!("{}=1*error", points::RELAY_WAKEUPS_LOST)),
+        POLL_RARELY,
+    );
+    stack
+        .wait_for_log_lines(
+            "relay-2",
+            &format!("{what} back: commits wake the relay again tries=1"),
+            1,
+        )
+        .await;
+    let log = stack.relay_log_of(2);
+    assert!(
+        log.contains("polling until it is back"),
+        "the loss is logged:\n{log}"
+    );
+    stack.create_students(2..3).await;
+    stack.wait_until_all_linked(3).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
+}
+
 /// PostgreSQL only: a database cannot vanish from under an open SQLite file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
-    let Some(mut stack) = Stack::start(Backend::Postgres).await else {
+    let Some(mut stack) = Stack::start_with_metrics(Backend::Postgres).await else {
         return;
     };
+    let relay_metrics = stack.metrics_addr("relay-0").await;
+    let listening =
+        || async move { sample(&scrape(relay_metrics).await, "relay_wakeups_listening", &[]) };
     stack.create_students(0..3).await;
     stack.wait_until_all_linked(3).await;
+    assert_eq!(listening().await, 1.0, "LISTENing");
 
     stack.dbs.set_student_database_reachable(false).await;
     stack.wait_for_relay_log_lines("claim failed", 1).await;
     wait_for_health(stack.student_addr, ServingStatus::NotServing).await;
+    // Its LISTEN connection ended too, and cannot be made again yet.
+    stack
+        .wait_for_relay_log_lines("LISTEN connection lost; polling until it is back", 1)
+        .await;
+    assert_eq!(
+        listening().await,
+        0.0,
+        "polling only while the database is away"
+    );
 
     stack.dbs.set_student_database_reachable(true).await;
     wait_for_health(stack.student_addr, ServingStatus::Serving).await;
+    eventually("LISTENing again", LINK_DEADLINE, || async {
+        (listening().await == 1.0).then_some(())
+    })
+    .await;
     // The relay backed off and resumes by itself: a new student is linked.
     stack.create_students(3..6).await;
     stack.wait_until_all_linked(6).await;

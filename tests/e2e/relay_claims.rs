@@ -1054,6 +1054,41 @@ async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
         .expect("woken by the commit that left a row pending");
 }
 
+/// PostgreSQL only (LISTEN): a listening connection that is lost and restored at once (its
+/// backend ended, as a connection reaper or a failover does) wakes the relay with no commit
+/// at all: rows committed while it was gone notified nobody, so the relay claims once.
+/// After that, commits wake it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    let wakeup = Wakeup::for_database(&app.databases.student_url).await;
+    assert!(wakeup.is_listening(), "LISTENing");
+    let ended = app
+        .student_db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND query = 'LISTEN \"{}\"'",
+                student_store::OUTBOX_CHANNEL
+            ),
+        ))
+        .await
+        .expect("end the listener's backend");
+    assert_eq!(ended.len(), 1, "one listening connection, ended");
+
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .expect("woken once the listener was back, with nothing committed");
+    assert!(wakeup.is_listening(), "LISTENing again");
+    create_students(&app, 0..1).await;
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .expect("a commit wakes the relay again");
+}
+
 async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays) {
     let options = AppOptions {
         wake_relays,
