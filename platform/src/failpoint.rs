@@ -28,14 +28,16 @@ pub mod points {
     pub const RELAY_AFTER_CLAIM: &str = "relay-after-claim";
     /// relay: Users answered, the link and `done` not yet recorded.
     pub const RELAY_BEFORE_FINALIZE: &str = "relay-before-finalize";
-    /// relay, with `error`: setting up its wake-ups fails (PostgreSQL: connecting and
-    /// `LISTEN`ing; SQLite: opening the watcher and reading its first `data_version`), at
-    /// start and at each try to get them back, as while the database is unreachable.
-    pub const RELAY_WAKEUPS_SETUP: &str = "relay-wakeups-setup";
-    /// relay, with `error`: its running wake-ups are lost (PostgreSQL: waiting for a
+    /// relay, `error` only: setting up its wake-ups at start fails (PostgreSQL: connecting
+    /// and `LISTEN`ing; SQLite: opening the watcher and reading its first `data_version`).
+    pub const RELAY_WAKEUPS_START: &str = "relay-wakeups-start";
+    /// relay, `error` only: its running wake-ups are lost (PostgreSQL: waiting for a
     /// notification fails, as when the connection drops and cannot be made again; SQLite:
     /// a read of `data_version` fails). Hit each time the listener or watcher looks.
     pub const RELAY_WAKEUPS_LOST: &str = "relay-wakeups-lost";
+    /// relay, `error` only: a try to get lost wake-ups back fails, as while the database
+    /// is unreachable.
+    pub const RELAY_WAKEUPS_RETRY: &str = "relay-wakeups-retry";
     /// users-svc, CreateUser: the request arrived; nothing read, written or locked yet (a
     /// `sleep` here makes Users slow without holding any database lock).
     pub const USERS_ON_REQUEST: &str = "users-on-request";

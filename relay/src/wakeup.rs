@@ -46,25 +46,32 @@ pub const SQLITE_WATCH_INTERVAL: Duration = Duration::from_millis(10);
 /// together are claimed together.
 pub const SQLITE_MIN_WAKE_GAP: Duration = Duration::from_millis(40);
 
-/// The wait before the first try to get a lost listener or watcher back; it doubles after
-/// each failed try, up to [`RECOVERY_MAX`].
+/// The wait before the first try to get lost wake-ups back; it doubles after each failed
+/// try, up to [`RECOVERY_MAX`].
 pub const RECOVERY_BASE: Duration = Duration::from_millis(100);
 
-/// The longest wait between two tries to get a lost listener or watcher back.
+/// The longest wait between two tries to get lost wake-ups back; also how long they must
+/// stay up before a new loss waits [`RECOVERY_BASE`] again.
 pub const RECOVERY_MAX: Duration = Duration::from_secs(5);
+
+/// How long the listener waits for a connection when it reconnects (sqlx retries a
+/// server that is starting up or refusing connections within this time): past it the
+/// loss is reported, `relay_wakeups_listening` drops to 0 and [`Recovery`] takes over.
+const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Wake-ups for one relay.
 pub struct Wakeup {
     signal: Signal,
-    listener: Option<tokio::task::JoinHandle<()>>,
+    /// The listener's or watcher's task; none when polling only.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// What the listener's or watcher's task shares with the relay.
 #[derive(Clone)]
 struct Signal {
     notified: Arc<Notify>,
-    /// Whether commits wake the relay now (false while a lost listener or watcher is
-    /// being brought back).
+    /// Whether commits wake the relay now (false while lost wake-ups are being brought
+    /// back).
     listening: Arc<AtomicBool>,
 }
 
@@ -95,17 +102,17 @@ impl Wakeup {
     pub async fn for_database(url: &str) -> Self {
         let signal = Signal::new();
         let task = if platform::db::is_sqlite(url) {
-            let first = open_watcher(url).await;
+            let first = at_start(open_watcher(url)).await;
             signal.set_listening(first.is_ok());
             tokio::spawn(watch(url.to_owned(), first, signal.clone()))
         } else {
-            let first = listen(url).await;
+            let first = at_start(listen(url)).await;
             signal.set_listening(first.is_ok());
             tokio::spawn(forward(url.to_owned(), first, signal.clone()))
         };
         Self {
             signal,
-            listener: Some(task),
+            task: Some(task),
         }
     }
 
@@ -114,7 +121,7 @@ impl Wakeup {
     pub fn poll_only() -> Self {
         Self {
             signal: Signal::new(),
-            listener: None,
+            task: None,
         }
     }
 
@@ -133,10 +140,161 @@ impl Wakeup {
 
 impl Drop for Wakeup {
     fn drop(&mut self) {
-        if let Some(listener) = &self.listener {
-            listener.abort();
+        if let Some(task) = &self.task {
+            task.abort();
         }
     }
+}
+
+/// Brings lost wake-ups back: tries to set them up again, spaced by capped exponential
+/// backoff ([`RECOVERY_BASE`] doubling to [`RECOVERY_MAX`]); once a try works, marks them
+/// listening and only then wakes the relay, whose claim finds the rows committed while
+/// nobody listened. The spacing keeps growing over losses that follow each other closely
+/// (a server that ends the connection right after each `LISTEN` costs a try every 5 s,
+/// not a loop) and starts over once the wake-ups have stayed up for [`RECOVERY_MAX`].
+struct Recovery {
+    /// What is lost, as the log says it.
+    what: &'static str,
+    /// Waits taken since the wake-ups last stayed up for [`RECOVERY_MAX`].
+    streak: u32,
+    /// Since when the wake-ups are up; none while they are lost.
+    up_since: Option<tokio::time::Instant>,
+}
+
+impl Recovery {
+    fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            streak: 0,
+            up_since: Some(tokio::time::Instant::now()),
+        }
+    }
+
+    /// The wake-ups set up at start, or, if that failed (logged), the ones `set_up` makes
+    /// once it works.
+    async fn started<T, F>(
+        &mut self,
+        first: anyhow::Result<T>,
+        signal: &Signal,
+        set_up: impl FnMut() -> F,
+    ) -> T
+    where
+        F: Future<Output = anyhow::Result<T>>,
+    {
+        match first {
+            Ok(value) => value,
+            Err(err) => {
+                tracing::warn!(
+                    error = format!("{err:#}"),
+                    "{} could not be set up; polling until it can",
+                    self.what
+                );
+                self.get_back(signal, set_up).await
+            }
+        }
+    }
+
+    /// Replaces wake-ups lost with `err`: the relay polls until `set_up` works. The lost
+    /// ones go first, so the relay never holds two listening connections.
+    async fn replace<T, F>(
+        &mut self,
+        lost: T,
+        err: &anyhow::Error,
+        signal: &Signal,
+        set_up: impl FnMut() -> F,
+    ) -> T
+    where
+        F: Future<Output = anyhow::Result<T>>,
+    {
+        signal.set_listening(false);
+        tracing::warn!(
+            error = format!("{err:#}"),
+            "{} is lost; polling until it is back",
+            self.what
+        );
+        drop(lost);
+        self.get_back(signal, set_up).await
+    }
+
+    /// A loss repaired before it was reported (sqlx's listener reconnects and `LISTEN`s
+    /// again before it says the connection was lost): rows committed in between notified
+    /// nobody, so the relay claims once, at once or, when losses follow each other
+    /// closely, after the wait a try would take.
+    async fn repaired(&mut self, signal: &Signal) {
+        tracing::warn!("{} was lost and is back", self.what);
+        let steady = self
+            .up_since
+            .is_some_and(|since| since.elapsed() >= RECOVERY_MAX);
+        if steady {
+            self.streak = 0;
+        } else {
+            tokio::time::sleep(self.next_wait()).await;
+        }
+        self.up_since = Some(tokio::time::Instant::now());
+        signal.wake();
+    }
+
+    /// Tries `set_up` until it works; then marks the wake-ups listening and wakes the
+    /// relay, in that order.
+    async fn get_back<T, F>(&mut self, signal: &Signal, mut set_up: impl FnMut() -> F) -> T
+    where
+        F: Future<Output = anyhow::Result<T>>,
+    {
+        let mut last_error = String::new();
+        for tries in 1_u32.. {
+            tokio::time::sleep(self.next_wait()).await;
+            let attempt = match failed_at(points::RELAY_WAKEUPS_RETRY) {
+                Ok(()) => set_up().await,
+                Err(err) => Err(err),
+            };
+            match attempt {
+                Ok(value) => {
+                    self.up_since = Some(tokio::time::Instant::now());
+                    signal.set_listening(true);
+                    signal.wake();
+                    tracing::info!(tries, "{} is back: commits wake the relay again", self.what);
+                    return value;
+                }
+                // Logged again only when the reason changes: the gauge says it goes on.
+                Err(err) => {
+                    let error = format!("{err:#}");
+                    if error == last_error {
+                        tracing::debug!(tries, error, "{} still lost", self.what);
+                    } else {
+                        tracing::warn!(tries, error, "{} still lost", self.what);
+                        last_error = error;
+                    }
+                }
+            }
+        }
+        unreachable!("tries until one works")
+    }
+
+    /// The wait before the next try: [`RECOVERY_BASE`] at the first after wake-ups that
+    /// stayed up for [`RECOVERY_MAX`], doubling with each try or loss after it.
+    fn next_wait(&mut self) -> Duration {
+        if let Some(since) = self.up_since.take()
+            && since.elapsed() >= RECOVERY_MAX
+        {
+            self.streak = 0;
+        }
+        self.streak += 1;
+        crate::backoff::exponential_ceiling(self.streak, RECOVERY_BASE, RECOVERY_MAX)
+    }
+}
+
+/// Fails with the fail point `name`'s error when a test arms it with `error`.
+fn failed_at(name: &str) -> anyhow::Result<()> {
+    if failpoint::fails(name) {
+        anyhow::bail!("fail point {name}");
+    }
+    Ok(())
+}
+
+/// `set_up`, unless the fail point [`points::RELAY_WAKEUPS_START`] fails it.
+async fn at_start<T>(set_up: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    failed_at(points::RELAY_WAKEUPS_START)?;
+    set_up.await
 }
 
 /// A listener on a connection of its own (one more than `--db-max-connections`), named in
@@ -144,17 +302,18 @@ impl Drop for Wakeup {
 /// `LISTEN`ing when this returns. Its one-connection pool only reconnects it, as
 /// [`PgListener::connect`]'s does.
 async fn listen(url: &str) -> anyhow::Result<PgListener> {
-    if failpoint::fails(points::RELAY_WAKEUPS_SETUP) {
-        anyhow::bail!("fail point {}", points::RELAY_WAKEUPS_SETUP);
-    }
     let pool = PoolOptions::<Postgres>::new()
         .max_connections(1)
         .max_lifetime(None)
         .idle_timeout(None)
+        .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
         .connect_with(platform::db::postgres_options(url)?)
         .await?;
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.ignore_pool_close_event(true);
+    // What [`forward`] relies on, though it is sqlx's default: a lost connection is made
+    // again, and LISTENs again, before `try_recv` reports the loss as `Ok(None)`.
+    listener.eager_reconnect(true);
     listener.listen(OUTBOX_CHANNEL).await?;
     Ok(listener)
 }
@@ -162,24 +321,12 @@ async fn listen(url: &str) -> anyhow::Result<PgListener> {
 /// Turns notifications into permits until the relay stops, bringing the listener back
 /// whenever it is lost.
 async fn forward(url: String, first: anyhow::Result<PgListener>, signal: Signal) {
-    let mut listener = match first {
-        Ok(listener) => listener,
-        Err(err) => {
-            tracing::warn!(
-                error = format!("{err:#}"),
-                "cannot LISTEN; polling until it can"
-            );
-            listen_again(&url, &signal).await
-        }
-    };
+    let mut recovery = Recovery::new("the LISTEN connection");
+    let mut listener = recovery.started(first, &signal, || listen(&url)).await;
     loop {
-        let received = if failpoint::fails(points::RELAY_WAKEUPS_LOST) {
-            Err(sea_orm::sqlx::Error::Protocol(format!(
-                "fail point {}",
-                points::RELAY_WAKEUPS_LOST
-            )))
-        } else {
-            listener.try_recv().await
+        let received = match failed_at(points::RELAY_WAKEUPS_LOST) {
+            Ok(()) => listener.try_recv().await.map_err(anyhow::Error::from),
+            Err(err) => Err(err),
         };
         match received {
             Ok(Some(_)) => {
@@ -187,49 +334,16 @@ async fn forward(url: String, first: anyhow::Result<PgListener>, signal: Signal)
                 while listener.next_buffered().is_some() {}
                 signal.wake();
             }
-            // The connection was lost, and the listener has connected and LISTENed again
-            // before saying so (sqlx's eager reconnect): rows committed in between notified
-            // nobody, so the relay claims once now.
-            Ok(None) => {
-                tracing::warn!("LISTEN connection lost and restored");
-                signal.wake();
-            }
-            // Lost, and connecting again failed (the database restarting, say).
+            // Lost, then connected and LISTENing again (eager reconnect).
+            Ok(None) => recovery.repaired(&signal).await,
+            // Lost and not made again (the server refusing connections, or restarting for
+            // longer than LISTEN_CONNECT_TIMEOUT), or an error on a connection that may be
+            // broken: a new listener replaces it.
             Err(err) => {
-                signal.set_listening(false);
-                tracing::warn!(error = %err, "LISTEN connection lost; polling until it is back");
-                listener = listen_again(&url, &signal).await;
+                listener = recovery
+                    .replace(listener, &err, &signal, || listen(&url))
+                    .await;
             }
-        }
-    }
-}
-
-/// Connects and `LISTEN`s, retrying with backoff until it can; then wakes the relay for
-/// the rows committed while nobody listened.
-async fn listen_again(url: &str, signal: &Signal) -> PgListener {
-    let listener = recover("LISTEN", || listen(url)).await;
-    signal.set_listening(true);
-    signal.wake();
-    listener
-}
-
-/// Retries `attempt` with capped exponential backoff until it succeeds (each failure
-/// logged at debug: the loss was logged once, and `relay_wakeups_listening` shows it).
-async fn recover<T, F>(what: &str, mut attempt: impl FnMut() -> F) -> T
-where
-    F: Future<Output = anyhow::Result<T>>,
-{
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let wait = crate::backoff::exponential_ceiling(tries, RECOVERY_BASE, RECOVERY_MAX);
-        tokio::time::sleep(wait).await;
-        match attempt().await {
-            Ok(value) => {
-                tracing::info!(tries, "{what} back: commits wake the relay again");
-                return value;
-            }
-            Err(err) => tracing::debug!(tries, error = format!("{err:#}"), "{what} still lost"),
         }
     }
 }
@@ -237,11 +351,9 @@ where
 /// The SQLite watcher's connection, and the `data_version` it starts from (read before
 /// this returns, not when the watcher first runs: a commit made after the relay's first
 /// claim but before that read would otherwise be taken for the starting point and wake
-/// nobody).
+/// nobody; and when lost wake-ups come back, the commits made meanwhile are behind it, so
+/// only the claim [`Recovery`] wakes the relay for finds their rows).
 async fn open_watcher(url: &str) -> anyhow::Result<(SqliteConnection, i64)> {
-    if failpoint::fails(points::RELAY_WAKEUPS_SETUP) {
-        anyhow::bail!("fail point {}", points::RELAY_WAKEUPS_SETUP);
-    }
     let options = SqliteConnectOptions::from_str(url)?.read_only(true);
     let mut connection = SqliteConnection::connect_with(&options).await?;
     let seen = data_version(&mut connection).await?;
@@ -259,24 +371,17 @@ async fn open_watcher(url: &str) -> anyhow::Result<(SqliteConnection, i64)> {
 /// commit of its own that left nothing pending costs it no claim. The version means
 /// something only on the connection that read it, hence one connection held for good.
 async fn watch(url: String, first: anyhow::Result<(SqliteConnection, i64)>, signal: Signal) {
-    let (mut connection, mut seen) = match first {
-        Ok(watcher) => watcher,
-        Err(err) => {
-            tracing::warn!(
-                error = format!("{err:#}"),
-                "cannot watch the SQLite file; polling until it can"
-            );
-            watch_again(&url, &signal).await
-        }
-    };
+    let mut recovery = Recovery::new("the SQLite watcher");
+    let (mut connection, mut seen) = recovery
+        .started(first, &signal, || open_watcher(&url))
+        .await;
     let mut tick = tokio::time::interval(SQLITE_WATCH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let read = if failpoint::fails(points::RELAY_WAKEUPS_LOST) {
-            Err(anyhow::anyhow!("fail point {}", points::RELAY_WAKEUPS_LOST))
-        } else {
-            data_version(&mut connection).await
+        let read = match failed_at(points::RELAY_WAKEUPS_LOST) {
+            Ok(()) => data_version(&mut connection).await,
+            Err(err) => Err(err),
         };
         match read {
             Ok(version) => {
@@ -288,25 +393,12 @@ async fn watch(url: String, first: anyhow::Result<(SqliteConnection, i64)>, sign
                 }
             }
             Err(err) => {
-                signal.set_listening(false);
-                tracing::warn!(
-                    error = format!("{err:#}"),
-                    "cannot read the SQLite data version; polling until it is back"
-                );
-                (connection, seen) = watch_again(&url, &signal).await;
+                (connection, seen) = recovery
+                    .replace((connection, seen), &err, &signal, || open_watcher(&url))
+                    .await;
             }
         }
     }
-}
-
-/// Opens the watcher again, retrying with backoff until it can; then wakes the relay:
-/// commits made while nobody watched are behind the new starting version, so only a claim
-/// finds their rows.
-async fn watch_again(url: &str, signal: &Signal) -> (SqliteConnection, i64) {
-    let watcher = recover("the SQLite watcher", || open_watcher(url)).await;
-    signal.set_listening(true);
-    signal.wake();
-    watcher
 }
 
 /// The file's `PRAGMA data_version` as `connection` sees it: it changes once another

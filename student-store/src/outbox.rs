@@ -820,6 +820,13 @@ static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| {
 /// relay's SQLite watcher asks it when the file changed and wakes the relay only if it
 /// holds: a commit that left nothing pending (the relay's own claim or finalize) costs no
 /// claim.
+///
+/// Rows backing off and rows held behind a failed row of their student count too, so while
+/// one exists the relay's own finalizes wake it for a claim that finds nothing (at most
+/// one per 40 ms, the watcher's least gap between wake-ups). Asking for due rows only
+/// would cost more: the index is in `id` order, so the read would walk every row not yet
+/// due before the first due one, up to 100 times a second, and after a Users outage those
+/// are the whole backlog.
 pub static ANY_PENDING: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT EXISTS (SELECT 1 FROM outbox \

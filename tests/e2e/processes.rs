@@ -21,7 +21,7 @@ use crate::{
             assert_each_student_linked_exactly_once, assert_linked_at_first_attempt,
             students_and_outbox_rows, users_and_inbox_rows,
         },
-        metrics::{sample, scrape},
+        metrics::{gauge, sample, scrape},
         stack::{LINK_DEADLINE, Stack, binaries},
     },
 };
@@ -829,78 +829,62 @@ fn users_migrations() -> Vec<String> {
         .collect()
 }
 
-/// README, "Wake-up": a relay whose wake-ups (PostgreSQL's LISTEN connection,
-/// SQLite's watcher) cannot be set up, here six times as while the database is unreachable,
-/// says so on `relay_wakeups_listening`, keeps trying with backoff, and once they are back
-/// claims what was committed while nothing woke it; and wake-ups lost while running are
-/// brought back the same way. Each relay polls every 300 s, so only a wake-up links a
-/// student in time.
+/// README, "Wake-up": a relay whose wake-ups (PostgreSQL's LISTEN connection, SQLite's
+/// watcher) cannot be set up at start, or are lost while it runs, says so on
+/// `relay_wakeups_listening`, keeps trying with backoff (six tries fail here, as while the
+/// database is unreachable: 11.3 s), and once they are back claims what was committed
+/// while nothing woke it. Each relay polls every 300 s, so only that wake-up links the
+/// student committed meanwhile in time.
 async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(backend: Backend) {
-    const POLL_RARELY: &[&str] = &["--poll-interval", "300s", "--metrics-addr", "127.0.0.1:0"];
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
-    let what = match backend {
-        Backend::Sqlite => "the SQLite watcher",
-        Backend::Postgres => "LISTEN",
-    };
     stack.kill_relays();
-    // Waiting before the relay starts: its first claim, which nothing needs to wake, takes it.
-    stack.create_students(0..1).await;
-    stack.start_relay(
-        Some(&format!("{}=6*error", points::RELAY_WAKEUPS_SETUP)),
-        POLL_RARELY,
-    );
-    stack.wait_until_all_linked(1).await;
-    let relay_metrics = stack.metrics_addr("relay-1").await;
-    let listening =
-        || async move { sample(&scrape(relay_metrics).await, "relay_wakeups_listening", &[]) };
-    stack.create_students(1..2).await;
-    // Read after the commit: the student was committed while the relay's wake-ups were down
-    // (six failed set-ups and their backoff take 6.3 s from the relay's start).
-    assert_eq!(
-        listening().await,
-        0.0,
-        "the wake-ups came back before the test could commit a student without them"
-    );
-    eventually("the wake-ups back", LINK_DEADLINE, || async {
-        (listening().await == 1.0).then_some(())
-    })
-    .await;
-    stack.wait_until_all_linked(2).await;
-    let log = stack.relay_log_of(1);
-    assert!(
-        log.contains("polling until it can"),
-        "the failed set-up is logged:\n{log}"
-    );
-    assert!(
-        log.contains(&format!(
-            "{what} back: commits wake the relay again tries=6"
-        )),
-        "the recovery is logged, after six tries:\n{log}"
-    );
+    let retries_fail = format!("{}=6*error", points::RELAY_WAKEUPS_RETRY);
+    for (relay, lose) in [
+        (1, points::RELAY_WAKEUPS_START),
+        (2, points::RELAY_WAKEUPS_LOST),
+    ] {
+        let linked = stack.linked_students().await as usize;
+        // Waiting before the relay starts: its first claim, which nothing needs to wake,
+        // takes it, and the relay is idle after.
+        stack.create_students(linked..linked + 1).await;
+        stack.start_relay(
+            Some(&format!("{lose}=1*error;{retries_fail}")),
+            &["--poll-interval", "300s", "--metrics-addr", "127.0.0.1:0"],
+        );
+        stack.wait_until_all_linked(linked as u64 + 1).await;
+        let relay_metrics = stack.metrics_addr(&format!("relay-{relay}")).await;
+        let listening =
+            || async move { gauge(&scrape(relay_metrics).await, "relay_wakeups_listening") };
 
-    // Lost while running: once back (at its first try), a commit wakes the relay again.
-    stack.kill_relays();
-    stack.start_relay(
-        Some(&format!("{}=1*error", points::RELAY_WAKEUPS_LOST)),
-        POLL_RARELY,
-    );
-    stack
-        .wait_for_log_lines(
-            "relay-2",
-            &format!("{what} back: commits wake the relay again tries=1"),
-            1,
-        )
+        stack.create_students(linked + 1..linked + 2).await;
+        // Read after the commit: the student was committed while nothing woke the relay.
+        assert_eq!(
+            listening().await,
+            0.0,
+            "{lose}: the wake-ups came back before the test could commit a student without them"
+        );
+        eventually("the wake-ups back", LINK_DEADLINE, || async {
+            (listening().await == 1.0).then_some(())
+        })
         .await;
-    let log = stack.relay_log_of(2);
-    assert!(
-        log.contains("polling until it is back"),
-        "the loss is logged:\n{log}"
-    );
-    stack.create_students(2..3).await;
-    stack.wait_until_all_linked(3).await;
-    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 3).await;
+        stack.wait_until_all_linked(linked as u64 + 2).await;
+        let log = stack.relay_log_of(relay);
+        let said = |line: &str| {
+            assert!(
+                log.lines().any(|logged| logged.contains(line)),
+                "{lose}: no {line:?} in the log:\n{log}"
+            );
+        };
+        said(match lose {
+            points::RELAY_WAKEUPS_START => "could not be set up; polling until it can",
+            _ => "is lost; polling until it is back",
+        });
+        said("is back: commits wake the relay again tries=7");
+        stack.kill_relays();
+    }
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
 }
 
 /// PostgreSQL only: a database cannot vanish from under an open SQLite file.
@@ -911,7 +895,7 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     };
     let relay_metrics = stack.metrics_addr("relay-0").await;
     let listening =
-        || async move { sample(&scrape(relay_metrics).await, "relay_wakeups_listening", &[]) };
+        || async move { gauge(&scrape(relay_metrics).await, "relay_wakeups_listening") };
     stack.create_students(0..3).await;
     stack.wait_until_all_linked(3).await;
     assert_eq!(listening().await, 1.0, "LISTENing");
@@ -921,7 +905,7 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     wait_for_health(stack.student_addr, ServingStatus::NotServing).await;
     // Its LISTEN connection ended too, and cannot be made again yet.
     stack
-        .wait_for_relay_log_lines("LISTEN connection lost; polling until it is back", 1)
+        .wait_for_relay_log_lines("the LISTEN connection is lost; polling until it is back", 1)
         .await;
     assert_eq!(
         listening().await,

@@ -1057,31 +1057,54 @@ async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
 /// PostgreSQL only (LISTEN): a listening connection that is lost and restored at once (its
 /// backend ended, as a connection reaper or a failover does) wakes the relay with no commit
 /// at all: rows committed while it was gone notified nobody, so the relay claims once.
-/// After that, commits wake it again.
+/// The wake-up comes once a new connection LISTENs; after it, commits wake the relay again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
         return;
     };
+    let listening_backends = || async {
+        let rows = app
+            .student_db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                format!(
+                    "SELECT pid FROM pg_stat_activity \
+                     WHERE datname = current_database() AND query LIKE 'LISTEN \"{}\"%'",
+                    student_store::OUTBOX_CHANNEL
+                ),
+            ))
+            .await
+            .expect("read pg_stat_activity");
+        rows.iter()
+            .map(|row| row.try_get::<i32>("", "pid").expect("pid"))
+            .collect::<Vec<_>>()
+    };
     let wakeup = Wakeup::for_database(&app.databases.student_url).await;
     assert!(wakeup.is_listening(), "LISTENing");
+    let before = listening_backends().await;
+    assert_eq!(before.len(), 1, "one listening connection");
     let ended = app
         .student_db
-        .query_all_raw(Statement::from_string(
+        .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
-            format!(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND query = 'LISTEN \"{}\"'",
-                student_store::OUTBOX_CHANNEL
-            ),
+            format!("SELECT pg_terminate_backend({}) AS ended", before[0]),
         ))
         .await
-        .expect("end the listener's backend");
-    assert_eq!(ended.len(), 1, "one listening connection, ended");
+        .expect("end the listener's backend")
+        .expect("a row")
+        .try_get::<bool>("", "ended")
+        .expect("a boolean");
+    assert!(ended, "the listener's backend ended");
 
     tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
         .await
         .expect("woken once the listener was back, with nothing committed");
+    let after = listening_backends().await;
+    assert!(
+        after.len() == 1 && after != before,
+        "woken with a new connection listening, not before: {before:?} then {after:?}"
+    );
     assert!(wakeup.is_listening(), "LISTENing again");
     create_students(&app, 0..1).await;
     tokio::time::timeout(Duration::from_secs(20), wakeup.notified())

@@ -59,6 +59,16 @@ pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     matching.first().copied().unwrap_or(0.0)
 }
 
+/// The value of the gauge `name`, which has no labels; panics if it is not exported, where
+/// [`sample`]'s 0 would pass for a gauge that was never set.
+pub fn gauge(text: &str, name: &str) -> f64 {
+    assert!(
+        exported_names(text).contains(name),
+        "{name} is not exported:\n{text}"
+    );
+    sample(text, name, &[])
+}
+
 #[test]
 fn samples_are_found_by_name_and_labels() {
     let text = "# HELP x_total help\n# TYPE x_total counter\n\
