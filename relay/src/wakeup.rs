@@ -51,12 +51,13 @@ pub const SQLITE_MIN_WAKE_GAP: Duration = Duration::from_millis(40);
 pub const RECOVERY_BASE: Duration = Duration::from_millis(100);
 
 /// The longest wait between two tries to get lost wake-ups back; also how long they must
-/// stay up before a new loss waits [`RECOVERY_BASE`] again.
+/// stay up before a new loss starts the doubling over.
 pub const RECOVERY_MAX: Duration = Duration::from_secs(5);
 
-/// How long the listener waits for a connection when it reconnects (sqlx retries a
-/// server that is starting up or refusing connections within this time): past it the
-/// loss is reported, `relay_wakeups_listening` drops to 0 and [`Recovery`] takes over.
+/// How long the listener waits for a connection when it connects or reconnects (sqlx
+/// retries a server that is starting up or refusing connections within this time): past
+/// it the loss is reported, `relay_wakeups_listening` drops to 0 and [`Recovery`] takes
+/// over. (The `LISTEN` statement itself, on a connection already made, is not bounded.)
 const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Wake-ups for one relay.
@@ -157,7 +158,7 @@ struct Recovery {
     what: &'static str,
     /// Waits taken since the wake-ups last stayed up for [`RECOVERY_MAX`].
     streak: u32,
-    /// Since when the wake-ups are up; none while they are lost.
+    /// Since when the wake-ups are up (or since the start); none while being brought back.
     up_since: Option<tokio::time::Instant>,
 }
 
@@ -218,10 +219,13 @@ impl Recovery {
 
     /// A loss repaired before it was reported (sqlx's listener reconnects and `LISTEN`s
     /// again before it says the connection was lost): rows committed in between notified
-    /// nobody, so the relay claims once, at once or, when losses follow each other
-    /// closely, after the wait a try would take.
+    /// nobody, so the relay claims at once. When losses follow each other closely, the
+    /// listener then waits as a try would before it looks again (notifications meanwhile
+    /// are kept on its connection), so a server that ends each new connection costs a
+    /// reconnect every 5 s, not a loop.
     async fn repaired(&mut self, signal: &Signal) {
         tracing::warn!("{} was lost and is back", self.what);
+        signal.wake();
         let steady = self
             .up_since
             .is_some_and(|since| since.elapsed() >= RECOVERY_MAX);
@@ -231,7 +235,6 @@ impl Recovery {
             tokio::time::sleep(self.next_wait()).await;
         }
         self.up_since = Some(tokio::time::Instant::now());
-        signal.wake();
     }
 
     /// Tries `set_up` until it works; then marks the wake-ups listening and wakes the
@@ -476,5 +479,77 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), wakeup.notified())
             .await
             .expect("the commit woke the relay");
+    }
+
+    /// A set-up that fails `failures` times, then works.
+    fn failing(mut failures: u32) -> impl FnMut() -> std::future::Ready<anyhow::Result<()>> {
+        move || {
+            let fail = failures > 0;
+            failures = failures.saturating_sub(1);
+            std::future::ready(if fail {
+                Err(anyhow::anyhow!("down"))
+            } else {
+                Ok(())
+            })
+        }
+    }
+
+    /// When the relay is woken, measured from now: at once, or after a wait.
+    fn woken_after(signal: &Signal) -> tokio::task::JoinHandle<Duration> {
+        let (notified, from) = (signal.notified.clone(), tokio::time::Instant::now());
+        tokio::spawn(async move {
+            notified.notified().await;
+            from.elapsed()
+        })
+    }
+
+    /// README, "Wake-up": tries wait 0.1 s, doubling to 5 s; the wake-up comes once a try
+    /// works, with the wake-ups marked listening; the doubling goes on for a loss within
+    /// 5 s of their coming back and starts over after that.
+    #[tokio::test(start_paused = true)]
+    async fn tries_to_get_wake_ups_back_wait_longer_while_they_keep_failing() {
+        let (signal, mut recovery) = (Signal::new(), Recovery::new("test"));
+        let woken = woken_after(&signal);
+        recovery.get_back(&signal, failing(6)).await;
+        // 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 5 s: six failed tries, the seventh works.
+        assert_eq!(woken.await.expect("woken"), Duration::from_millis(11_300));
+        assert!(signal.listening.load(Ordering::Relaxed));
+
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let (woken, started) = (woken_after(&signal), tokio::time::Instant::now());
+        recovery.get_back(&signal, failing(0)).await;
+        assert_eq!(
+            started.elapsed(),
+            RECOVERY_MAX,
+            "lost 1 s after coming back"
+        );
+        assert_eq!(woken.await.expect("woken"), RECOVERY_MAX);
+
+        tokio::time::advance(RECOVERY_MAX).await;
+        let started = tokio::time::Instant::now();
+        recovery.get_back(&signal, failing(1)).await;
+        assert_eq!(
+            started.elapsed(),
+            RECOVERY_BASE * 3,
+            "up for 5 s: 0.1 s, then 0.2 s"
+        );
+    }
+
+    /// A loss the listener repaired itself wakes the relay at once; the listener waits
+    /// before it looks again only when losses follow each other within 5 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_repaired_loss_wakes_the_relay_at_once_and_pauses_only_when_losses_repeat() {
+        let (signal, mut recovery) = (Signal::new(), Recovery::new("test"));
+        tokio::time::advance(RECOVERY_MAX).await;
+        for pause in [Duration::ZERO, RECOVERY_BASE, RECOVERY_BASE * 2] {
+            let (woken, started) = (woken_after(&signal), tokio::time::Instant::now());
+            recovery.repaired(&signal).await;
+            assert_eq!(woken.await.expect("woken"), Duration::ZERO);
+            assert_eq!(started.elapsed(), pause);
+        }
+        tokio::time::advance(RECOVERY_MAX).await;
+        let started = tokio::time::Instant::now();
+        recovery.repaired(&signal).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "steady again");
     }
 }

@@ -22,7 +22,7 @@ use crate::{
             students_and_outbox_rows, users_and_inbox_rows,
         },
         metrics::{gauge, sample, scrape},
-        stack::{LINK_DEADLINE, Stack, binaries},
+        stack::{CALLS_OUTLAST_A_STALL, LINK_DEADLINE, Stack, binaries},
     },
 };
 
@@ -849,9 +849,15 @@ async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(ba
         // Waiting before the relay starts: its first claim, which nothing needs to wake,
         // takes it, and the relay is idle after.
         stack.create_students(linked..linked + 1).await;
+        // Calls that outlast a stalled machine: a first call timed out would leave its row
+        // to the next claim, which only the wake-ups' return would bring.
         stack.start_relay(
             Some(&format!("{lose}=1*error;{retries_fail}")),
-            &["--poll-interval", "300s", "--metrics-addr", "127.0.0.1:0"],
+            &[
+                CALLS_OUTLAST_A_STALL,
+                &["--poll-interval", "300s", "--metrics-addr", "127.0.0.1:0"],
+            ]
+            .concat(),
         );
         stack.wait_until_all_linked(linked as u64 + 1).await;
         let relay_metrics = stack.metrics_addr(&format!("relay-{relay}")).await;
