@@ -3,8 +3,8 @@
 //! order, each only once the one before it is done.
 
 use proto::student::v1::{
-    CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, Student,
-    UpdateStudentRequest,
+    CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, ListStudentsRequest,
+    Student, UpdateStudentRequest, UserLinkStatus,
 };
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr};
 use student_store::{
@@ -26,6 +26,8 @@ on_both_backends!(
     an_update_commits_the_new_version_with_one_update_user_row,
     a_change_that_changes_nothing_writes_nothing,
     a_stale_expected_version_is_aborted_and_writes_nothing,
+    an_expected_version_ahead_of_the_student_is_aborted_too,
+    concurrent_changes_of_one_student_are_each_applied_in_turn,
     client_keys_answer_retries_and_refuse_other_requests,
     an_inactive_student_accepts_no_update,
     a_students_rows_are_delivered_one_at_a_time_in_version_order,
@@ -268,6 +270,56 @@ async fn a_stale_expected_version_is_aborted_and_writes_nothing(backend: Backend
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
 }
 
+/// `expected_version` must be the student's version, not merely no older: one ahead of it
+/// (a client that guessed) is refused the same way and writes nothing.
+async fn an_expected_version_ahead_of_the_student_is_aborted_too(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let status = app
+        .student
+        .clone()
+        .update_student(UpdateStudentRequest {
+            expected_version: 2,
+            ..update(&student, "Second")
+        })
+        .await
+        .expect_err("the student is at version 1");
+    assert_eq!(reason(&status), (Code::Aborted, "VERSION_MISMATCH".into()));
+    assert_eq!(
+        status.message(),
+        "the student is at version 1, not the expected 2"
+    );
+    let now = get(&app, &student.id).await;
+    assert_eq!((now.version, &now.first_name), (1, &student.first_name));
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
+}
+
+/// Changes of one student racing each other are applied one after the other (the change
+/// reads the student under a lock), none refused: twenty renames at once end at version
+/// 21 with one update-user row for each version from 2 to 21.
+async fn concurrent_changes_of_one_student_are_each_applied_in_turn(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let renames = (0..20).map(|n| {
+        let (mut client, request) = (app.student.clone(), update(&student, &format!("Name{n}")));
+        async move { client.update_student(request).await }
+    });
+    for answer in futures::future::join_all(renames).await {
+        answer.expect("every rename applied");
+    }
+    assert_eq!(get(&app, &student.id).await.version, 21);
+    let versions: Vec<i64> = rows_of(&app, &student.id)
+        .await
+        .into_iter()
+        .map(|row| row.aggregate_version)
+        .collect();
+    assert_eq!(versions, (1..=21).collect::<Vec<i64>>());
+}
+
 async fn client_keys_answer_retries_and_refuse_other_requests(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
@@ -507,6 +559,30 @@ async fn a_failed_update_holds_back_that_students_later_rows_only(backend: Backe
     );
     let a = get(&app, &a.id).await;
     assert_eq!((a.version, a.synced_version), (4, 1));
+    // The link is the create-user row's, done: a failed or waiting change of the student
+    // does not make it look unlinked, in GetStudent or in ListStudents.
+    let link = |student: &Student| {
+        (
+            student.user_link_status(),
+            student.user_id.clone(),
+            student.link_error.clone(),
+        )
+    };
+    assert_eq!(link(&a).0, UserLinkStatus::Linked);
+    assert!(!a.user_id.is_empty() && a.link_error.is_empty(), "{a:?}");
+    let listed = app
+        .student
+        .clone()
+        .list_students(ListStudentsRequest::default())
+        .await
+        .expect("listed")
+        .into_inner()
+        .students;
+    let listed_a = listed
+        .iter()
+        .find(|student| student.id == a.id)
+        .expect("A listed");
+    assert_eq!(link(listed_a), link(&a));
     let report = relay::status::read(&app.student_db).await.expect("status");
     assert_eq!(
         (report.pending, report.failed, report.blocked, report.done),
