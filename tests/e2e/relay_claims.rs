@@ -2,6 +2,7 @@
 
 use std::{collections::HashSet, time::Duration};
 
+use proto::student::v1::UpdateStudentRequest;
 use relay::{RunConfig, retry_failed, wakeup::Wakeup};
 use sea_orm::{
     ColumnTrait as _, ConnectionTrait as _, DbBackend, EntityTrait, QueryFilter as _, Statement,
@@ -34,6 +35,7 @@ on_both_backends!(
     a_late_finalize_changes_nothing_once_its_claim_is_gone,
     a_group_commit_records_each_row_as_it_would_alone,
     a_claim_takes_no_more_rows_than_free_call_slots,
+    the_delivery_loop_holds_no_more_rows_than_call_slots,
     a_full_claim_claims_again_at_once,
     after_a_claim_its_connection_commits_durably_again,
     a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing,
@@ -703,6 +705,65 @@ async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {
     );
 }
 
+/// The delivery loop keeps to the same bound: with three call slots, a Users that never
+/// answers and nothing to wake it but a 300 s poll, it holds exactly three rows, and the
+/// other seven are never leased. (Claims are single statements, so the first one seen is
+/// the whole claim.)
+async fn the_delivery_loop_holds_no_more_rows_than_call_slots(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..10).await;
+    // Connections complete in the kernel's backlog; nothing ever reads them.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let relay = app.relay_with(
+        &format!("http://{}", silent.local_addr().expect("addr")),
+        RunConfig {
+            poll_interval: Duration::from_secs(300),
+            batch_size: 64,
+            concurrency: 3,
+            call_timeout: Duration::from_secs(60),
+            lease: Duration::from_secs(120),
+            ..test_tuning()
+        },
+    );
+    let running = tokio::spawn(async move {
+        relay
+            .run(Wakeup::poll_only(), CancellationToken::new())
+            .await;
+    });
+    let processing = eventually("rows claimed", Duration::from_secs(20), || async {
+        let rows = rows(&app).await;
+        let processing = rows
+            .iter()
+            .filter(|row| row.status == OutboxStatus::Processing)
+            .count();
+        (processing > 0).then_some(rows)
+    })
+    .await;
+    let leased = |status| {
+        processing
+            .iter()
+            .filter(|row| {
+                row.status == status
+                    && row.attempts == i32::from(status == OutboxStatus::Processing)
+            })
+            .count()
+    };
+    assert_eq!(
+        (
+            leased(OutboxStatus::Processing),
+            leased(OutboxStatus::Pending)
+        ),
+        (3, 7),
+        "three rows in flight, seven never leased"
+    );
+    // Its calls would wait out their minute: the relay is stopped without them.
+    running.abort();
+}
+
 /// A claim commits without waiting for the disk on PostgreSQL, and for its own transaction
 /// only: the connection that ran it goes back to the pool and may carry a finalize next,
 /// which must reach the disk before it is acknowledged. (SQLite claims as it commits
@@ -1003,9 +1064,9 @@ async fn the_pgbench_link_script_records_as_the_relays_group_commit_does() {
     );
 }
 
-/// A relay that polls every 300 s delivers each new row within seconds: on PostgreSQL
-/// woken by the NOTIFY student-svc sends, after the commit (the default) or inside the
-/// transaction.
+/// A relay that polls every 300 s delivers each new row within seconds, a new student's
+/// and a change's: on PostgreSQL woken by the NOTIFY student-svc sends, after the commit
+/// (the default) or inside the transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn notify_after_commit_wakes_an_idle_postgres_relay_long_before_its_poll() {
     a_commit_wakes_an_idle_relay(Backend::Postgres, WakeRelays::AfterCommit).await;
@@ -1134,22 +1195,43 @@ async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays)
         let shutdown = shutdown.clone();
         async move { relay.run(wakeup, shutdown).await }
     });
+    let all_done = || async {
+        let rows = rows(&app).await;
+        rows.iter()
+            .all(|row| row.status == OutboxStatus::Done)
+            .then_some(rows.len())
+    };
     // Once a first row is delivered the relay is idle: it sleeps up to 300 s unless notified.
     for n in 0..2 {
         create_students(&app, n..n + 1).await;
         eventually(
             "the relay to deliver the new row",
             Duration::from_secs(20),
-            || async {
-                rows(&app)
-                    .await
-                    .iter()
-                    .all(|row| row.status == OutboxStatus::Done)
-                    .then_some(())
-            },
+            all_done,
         )
         .await;
     }
+    // A change's commit wakes it too (its update-user row).
+    let first = rows(&app).await[0].aggregate_id;
+    app.student
+        .clone()
+        .update_student(UpdateStudentRequest {
+            id: first.to_string(),
+            first_name: "Renamed".into(),
+            last_name: "Pérez".into(),
+            email: "renamed@example.edu".into(),
+            idempotency_key: None,
+            expected_version: 0,
+        })
+        .await
+        .expect("renamed");
+    let delivered = eventually(
+        "the relay to deliver the change",
+        Duration::from_secs(20),
+        all_done,
+    )
+    .await;
+    assert_eq!(delivered, 3, "two create-user rows and one update-user row");
     shutdown.cancel();
     running.await.expect("relay task");
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 2).await;
