@@ -481,6 +481,23 @@ mod tests {
             .expect("the commit woke the relay");
     }
 
+    /// A watcher that cannot tell whether a row is pending (here the file has no outbox
+    /// table at all) wakes the relay for a commit anyway: the claim will say.
+    #[tokio::test]
+    async fn a_commit_wakes_the_relay_when_the_watcher_cannot_read_the_outbox() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("bare.db").display());
+        let db = platform::db::connect(&url).await.expect("connect");
+        let wakeup = Wakeup::for_database(&url).await;
+        assert!(wakeup.is_listening(), "watching the file");
+        sea_orm::ConnectionTrait::execute_unprepared(&db, "CREATE TABLE probe (x INTEGER)")
+            .await
+            .expect("a commit");
+        tokio::time::timeout(Duration::from_secs(10), wakeup.notified())
+            .await
+            .expect("woken though the outbox could not be read");
+    }
+
     /// A set-up that fails `failures` times, then works.
     fn failing(mut failures: u32) -> impl FnMut() -> std::future::Ready<anyhow::Result<()>> {
         move || {

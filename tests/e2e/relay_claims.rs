@@ -1113,6 +1113,10 @@ async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
     tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
         .await
         .expect("woken by the commit that left a row pending");
+    // Once: the row still pending, with no commit since, is no reason to wake it again.
+    let woken =
+        tokio::time::timeout(relay::wakeup::SQLITE_WATCH_INTERVAL * 30, wakeup.notified()).await;
+    assert!(woken.is_err(), "woken again with no new commit");
 }
 
 /// PostgreSQL only (LISTEN): a listening connection that is lost and restored at once (its
