@@ -330,6 +330,20 @@ async fn list_students_pages_through_every_student_oldest_first(backend: Backend
     }
     assert_eq!(seen, created, "every student once, in creation order");
     assert_eq!(pages, 3);
+    // A page that holds exactly the last students says there are no more.
+    let whole = student
+        .list_students(ListStudentsRequest {
+            page_size: 7,
+            page_token: String::new(),
+        })
+        .await
+        .expect("page")
+        .into_inner();
+    assert_eq!(
+        (whole.students.len(), whole.next_page_token.as_str()),
+        (7, ""),
+        "no token to an empty page"
+    );
 
     let stored: Vec<String> = students::Entity::find()
         .order_by_asc(students::Column::CreatedAt)
