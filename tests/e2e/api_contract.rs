@@ -32,6 +32,7 @@ use crate::{
 
 on_both_backends!(
     fifty_racing_create_users_with_one_key_get_one_user,
+    fifty_racing_create_users_with_one_key_and_a_taken_document_get_one_rejection,
     fifty_racing_create_students_with_one_client_key_get_one_student,
     racing_create_students_each_get_their_own_answer,
     one_key_raced_with_two_requests_never_makes_a_second_user,
@@ -93,6 +94,39 @@ async fn fifty_racing_create_users_with_one_key_get_one_user(backend: Backend) {
         "one user id for all 50: {ids:?}"
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+/// The same race on the rejection path: fifty calls with one key ask for a document number
+/// another user holds. Each is refused DOCUMENT_NUMBER_TAKEN, the losers of the race to
+/// save the key's answer with the winner's saved rejection (never an internal error), and
+/// the key has one inbox row.
+async fn fifty_racing_create_users_with_one_key_and_a_taken_document_get_one_rejection(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    users
+        .create_user(CreateUserRequest {
+            student_id: Uuid::now_v7().to_string(),
+            ..user_request("holder", "DOC-1")
+        })
+        .await
+        .expect("the document's holder");
+    let calls = (0..50).map(|_| {
+        let mut users = app.users.clone();
+        async move { users.create_user(user_request("raced", "DOC-1")).await }
+    });
+    for answer in futures::future::join_all(calls).await {
+        let status = answer.expect_err("the document is taken");
+        assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+        assert_eq!(
+            reason_of(&status),
+            ("DOCUMENT_NUMBER_TAKEN".to_owned(), "users.v1".to_owned())
+        );
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
 }
 
 async fn fifty_racing_create_students_with_one_client_key_get_one_student(backend: Backend) {
