@@ -42,12 +42,49 @@ on_both_backends!(
     waits_for_sqlites_write_lock_are_counted,
     what_the_alerts_watch_moves_when_deliveries_go_wrong,
     audit_reports_each_disagreement_between_the_databases,
+    an_audit_asks_again_for_the_lookups_users_sheds,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
     one_trace_id_follows_a_student_through_the_three_processes,
     rows_sent_together_are_each_judged_under_their_own_trace,
 );
+
+/// `relay audit` looks users up 16 at a time; a Users that takes one call at a time sheds
+/// most of them, which is no answer about the user: each is asked again after Users' wait,
+/// and forty linked students audit clean.
+async fn an_audit_asks_again_for_the_lookups_users_sheds(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.create_students(0..40).await;
+    stack.wait_until_all_linked(40).await;
+    stack
+        .restart_users_with(
+            None,
+            &[
+                "--max-concurrent-requests",
+                "1",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ],
+        )
+        .await;
+    stack.assert_audit_clean(40);
+    let users = scrape(stack.metrics_addr("users-svc").await).await;
+    let shed = sample(
+        &users,
+        "grpc_server_handled_total",
+        &[
+            ("grpc_method", "GetUser"),
+            ("grpc_code", "RESOURCE_EXHAUSTED"),
+        ],
+    );
+    assert!(
+        shed > 0.0,
+        "Users shed some of the audit's lookups:\n{users}"
+    );
+}
 
 async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
     let Some(mut stack) = Stack::start_with_metrics(backend).await else {

@@ -893,7 +893,9 @@ async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(ba
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
 }
 
-/// PostgreSQL only: a database cannot vanish from under an open SQLite file.
+/// PostgreSQL only: a database cannot vanish from under an open SQLite file. The relay
+/// backs off, growing, while its claims fail, and starts over once one works; its LISTEN
+/// comes back with the database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     let Some(mut stack) = Stack::start_with_metrics(Backend::Postgres).await else {
@@ -906,8 +908,26 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     stack.wait_until_all_linked(3).await;
     assert_eq!(listening().await, 1.0, "LISTENing");
 
+    // Each claim that fails waits longer: --poll-interval (50 ms) doubling up to
+    // --backoff-max (500 ms), as its log line says.
+    let pauses = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|line| line.contains("claim failed"))
+            .map(|line| {
+                let rest = &line[line.find("retry_in=").expect("retry_in") + "retry_in=".len()..];
+                rest.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
     stack.dbs.set_student_database_reachable(false).await;
-    stack.wait_for_relay_log_lines("claim failed", 1).await;
+    let log = stack.wait_for_relay_log_lines("claim failed", 5).await;
+    assert_eq!(
+        pauses(&log)[..5],
+        ["50ms", "100ms", "200ms", "400ms", "500ms"]
+    );
     wait_for_health(stack.student_addr, ServingStatus::NotServing).await;
     // Its LISTEN connection ended too, and cannot be made again yet.
     stack
@@ -928,7 +948,20 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     // The relay backed off and resumes by itself: a new student is linked.
     stack.create_students(3..6).await;
     stack.wait_until_all_linked(6).await;
-    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 6).await;
+
+    // A claim that worked ended the streak: the next outage's first pause is 50 ms again.
+    let before = pauses(&stack.relay_log()).len();
+    stack.dbs.set_student_database_reachable(false).await;
+    let log = stack
+        .wait_for_relay_log_lines("claim failed", before + 1)
+        .await;
+    assert_eq!(pauses(&log)[before], "50ms", "a new outage, a new streak");
+    wait_for_health(stack.student_addr, ServingStatus::NotServing).await;
+    stack.dbs.set_student_database_reachable(true).await;
+    wait_for_health(stack.student_addr, ServingStatus::Serving).await;
+    stack.create_students(6..7).await;
+    stack.wait_until_all_linked(7).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 7).await;
 }
 
 /// PostgreSQL only (README, "Running on PostgreSQL"): every binary opens at most
