@@ -55,6 +55,34 @@ async fn create_students(app: &TestApp, range: std::ops::Range<usize>) {
     }
 }
 
+/// Runs the delivery loop, tuned by `tuning`, against a Users that accepts connections and
+/// never answers (they complete in the kernel's backlog; nothing reads them), with nothing
+/// to wake it but a 300 s poll. Its calls would wait out their minute: the test aborts the
+/// task. The listener is returned to be kept for the test's length.
+async fn run_against_a_silent_users(
+    app: &TestApp,
+    tuning: RunConfig,
+) -> (tokio::task::JoinHandle<()>, tokio::net::TcpListener) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let relay = app.relay_with(
+        &format!("http://{}", silent.local_addr().expect("addr")),
+        RunConfig {
+            poll_interval: Duration::from_secs(300),
+            call_timeout: Duration::from_secs(60),
+            lease: Duration::from_secs(120),
+            ..tuning
+        },
+    );
+    let running = tokio::spawn(async move {
+        relay
+            .run(Wakeup::poll_only(), CancellationToken::new())
+            .await;
+    });
+    (running, silent)
+}
+
 async fn rows(app: &TestApp) -> Vec<outbox::Model> {
     let mut rows = outbox::Entity::find()
         .all(&app.student_db)
@@ -714,26 +742,15 @@ async fn the_delivery_loop_holds_no_more_rows_than_call_slots(backend: Backend) 
         return;
     };
     create_students(&app, 0..10).await;
-    // Connections complete in the kernel's backlog; nothing ever reads them.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let relay = app.relay_with(
-        &format!("http://{}", silent.local_addr().expect("addr")),
+    let (running, _users) = run_against_a_silent_users(
+        &app,
         RunConfig {
-            poll_interval: Duration::from_secs(300),
             batch_size: 64,
             concurrency: 3,
-            call_timeout: Duration::from_secs(60),
-            lease: Duration::from_secs(120),
             ..test_tuning()
         },
-    );
-    let running = tokio::spawn(async move {
-        relay
-            .run(Wakeup::poll_only(), CancellationToken::new())
-            .await;
-    });
+    )
+    .await;
     let processing = eventually("rows claimed", Duration::from_secs(20), || async {
         let rows = rows(&app).await;
         let processing = rows
@@ -1250,26 +1267,14 @@ async fn a_full_claim_claims_again_at_once(backend: Backend) {
         return;
     };
     create_students(&app, 0..10).await;
-    // Connections complete in the kernel's backlog; nothing ever reads them.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let silent_url = format!("http://{}", silent.local_addr().expect("addr"));
-    let relay = app.relay_with(
-        &silent_url,
+    let (running, _users) = run_against_a_silent_users(
+        &app,
         RunConfig {
-            poll_interval: Duration::from_secs(300),
             batch_size: 4,
-            call_timeout: Duration::from_secs(60),
-            lease: Duration::from_secs(120),
             ..test_tuning()
         },
-    );
-    let running = tokio::spawn(async move {
-        relay
-            .run(Wakeup::poll_only(), CancellationToken::new())
-            .await;
-    });
+    )
+    .await;
     eventually(
         "all ten rows claimed before any call finished",
         Duration::from_secs(20),
