@@ -521,15 +521,18 @@ mod tests {
     }
 
     /// README, "Wake-up": tries wait 0.1 s, doubling to 5 s; the wake-up comes once a try
-    /// works, with the wake-ups marked listening; the doubling goes on for a loss within
-    /// 5 s of their coming back and starts over after that.
+    /// works; the doubling goes on for a loss within 5 s of their coming back and starts
+    /// over after that.
     #[tokio::test(start_paused = true)]
     async fn tries_to_get_wake_ups_back_wait_longer_while_they_keep_failing() {
         let (signal, mut recovery) = (Signal::new(), Recovery::new("test"));
         let woken = woken_after(&signal);
         recovery.get_back(&signal, failing(6)).await;
         // 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 5 s: six failed tries, the seventh works.
-        assert_eq!(woken.await.expect("woken"), Duration::from_millis(11_300));
+        let waits: Duration = (0..6)
+            .map(|doublings| RECOVERY_BASE * (1 << doublings))
+            .sum();
+        assert_eq!(woken.await.expect("woken"), waits + RECOVERY_MAX);
         assert!(signal.listening.load(Ordering::Relaxed));
 
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -553,7 +556,9 @@ mod tests {
     }
 
     /// A loss the listener repaired itself wakes the relay at once; the listener waits
-    /// before it looks again only when losses follow each other within 5 s.
+    /// before it looks again only when losses follow each other within 5 s (or come
+    /// within 5 s of its start, which counts as coming back), and a steady spell starts
+    /// the doubling over.
     #[tokio::test(start_paused = true)]
     async fn a_repaired_loss_wakes_the_relay_at_once_and_pauses_only_when_losses_repeat() {
         let (signal, mut recovery) = (Signal::new(), Recovery::new("test"));
@@ -568,5 +573,12 @@ mod tests {
         let started = tokio::time::Instant::now();
         recovery.repaired(&signal).await;
         assert_eq!(started.elapsed(), Duration::ZERO, "steady again");
+        let started = tokio::time::Instant::now();
+        recovery.repaired(&signal).await;
+        assert_eq!(
+            started.elapsed(),
+            RECOVERY_BASE,
+            "and the doubling starts over"
+        );
     }
 }

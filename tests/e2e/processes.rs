@@ -831,8 +831,8 @@ fn users_migrations() -> Vec<String> {
 
 /// README, "Wake-up": a relay whose wake-ups (PostgreSQL's LISTEN connection, SQLite's
 /// watcher) cannot be set up at start, or are lost while it runs, says so on
-/// `relay_wakeups_listening`, keeps trying with backoff (six tries fail here, as while the
-/// database is unreachable: 11.3 s), and once they are back claims what was committed
+/// `relay_wakeups_listening`, keeps trying with backoff (eight tries fail here, as while the
+/// database is unreachable: 21.3 s), and once they are back claims what was committed
 /// while nothing woke it. Each relay polls every 300 s, so only that wake-up links the
 /// student committed meanwhile in time.
 async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(backend: Backend) {
@@ -840,7 +840,10 @@ async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(ba
         return;
     };
     stack.kill_relays();
-    let retries_fail = format!("{}=6*error", points::RELAY_WAKEUPS_RETRY);
+    // Tries that fail before one works: 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 5 + 5 + 5 s
+    // without wake-ups, for the test to commit a student in.
+    const FAILING_TRIES: u32 = 8;
+    let retries_fail = format!("{}={FAILING_TRIES}*error", points::RELAY_WAKEUPS_RETRY);
     for (relay, lose) in [
         (1, points::RELAY_WAKEUPS_START),
         (2, points::RELAY_WAKEUPS_LOST),
@@ -861,8 +864,7 @@ async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(ba
         );
         stack.wait_until_all_linked(linked as u64 + 1).await;
         let relay_metrics = stack.metrics_addr(&format!("relay-{relay}")).await;
-        let listening =
-            || async move { gauge(&scrape(relay_metrics).await, "relay_wakeups_listening") };
+        let listening = || wakeups_listening(relay_metrics);
 
         stack.create_students(linked + 1..linked + 2).await;
         // Read after the commit: the student was committed while nothing woke the relay.
@@ -887,10 +889,18 @@ async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(ba
             points::RELAY_WAKEUPS_START => "could not be set up; polling until it can",
             _ => "is lost; polling until it is back",
         });
-        said("is back: commits wake the relay again tries=7");
+        said(&format!(
+            "is back: commits wake the relay again tries={}",
+            FAILING_TRIES + 1
+        ));
         stack.kill_relays();
     }
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+}
+
+/// A relay's `relay_wakeups_listening` gauge, scraped from `addr`.
+async fn wakeups_listening(addr: std::net::SocketAddr) -> f64 {
+    gauge(&scrape(addr).await, "relay_wakeups_listening")
 }
 
 /// PostgreSQL only: a database cannot vanish from under an open SQLite file. The relay
@@ -902,8 +912,7 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
         return;
     };
     let relay_metrics = stack.metrics_addr("relay-0").await;
-    let listening =
-        || async move { gauge(&scrape(relay_metrics).await, "relay_wakeups_listening") };
+    let listening = || wakeups_listening(relay_metrics);
     stack.create_students(0..3).await;
     stack.wait_until_all_linked(3).await;
     assert_eq!(listening().await, 1.0, "LISTENing");
