@@ -911,7 +911,14 @@ async fn the_student_database_going_away_and_coming_back_is_ridden_out() {
     let Some(mut stack) = Stack::start_with_metrics(Backend::Postgres).await else {
         return;
     };
-    let relay_metrics = stack.metrics_addr("relay-0").await;
+    // A backoff base unlike the poll interval: the claim backoff must start from the poll
+    // interval (--backoff-base is for rows).
+    stack.kill_relays();
+    stack.start_relay(
+        None,
+        &["--backoff-base", "70ms", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let relay_metrics = stack.metrics_addr("relay-1").await;
     let listening = || wakeups_listening(relay_metrics);
     stack.create_students(0..3).await;
     stack.wait_until_all_linked(3).await;
