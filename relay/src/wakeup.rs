@@ -103,11 +103,11 @@ impl Wakeup {
     pub async fn for_database(url: &str) -> Self {
         let signal = Signal::new();
         let task = if platform::db::is_sqlite(url) {
-            let first = at_start(open_watcher(url)).await;
+            let first = unless_failed_at(points::RELAY_WAKEUPS_START, open_watcher(url)).await;
             signal.set_listening(first.is_ok());
             tokio::spawn(watch(url.to_owned(), first, signal.clone()))
         } else {
-            let first = at_start(listen(url)).await;
+            let first = unless_failed_at(points::RELAY_WAKEUPS_START, listen(url)).await;
             signal.set_listening(first.is_ok());
             tokio::spawn(forward(url.to_owned(), first, signal.clone()))
         };
@@ -246,11 +246,7 @@ impl Recovery {
         let mut last_error = String::new();
         for tries in 1_u32.. {
             tokio::time::sleep(self.next_wait()).await;
-            let attempt = match failed_at(points::RELAY_WAKEUPS_RETRY) {
-                Ok(()) => set_up().await,
-                Err(err) => Err(err),
-            };
-            match attempt {
+            match unless_failed_at(points::RELAY_WAKEUPS_RETRY, set_up()).await {
                 Ok(value) => {
                     self.up_since = Some(tokio::time::Instant::now());
                     signal.set_listening(true);
@@ -286,18 +282,15 @@ impl Recovery {
     }
 }
 
-/// Fails with the fail point `name`'s error when a test arms it with `error`.
-fn failed_at(name: &str) -> anyhow::Result<()> {
+/// `step`, unless the fail point `name` is armed with `error`: then its error instead.
+async fn unless_failed_at<T>(
+    name: &str,
+    step: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
     if failpoint::fails(name) {
         anyhow::bail!("fail point {name}");
     }
-    Ok(())
-}
-
-/// `set_up`, unless the fail point [`points::RELAY_WAKEUPS_START`] fails it.
-async fn at_start<T>(set_up: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
-    failed_at(points::RELAY_WAKEUPS_START)?;
-    set_up.await
+    step.await
 }
 
 /// A listener on a connection of its own (one more than `--db-max-connections`), named in
@@ -327,10 +320,10 @@ async fn forward(url: String, first: anyhow::Result<PgListener>, signal: Signal)
     let mut recovery = Recovery::new("the LISTEN connection");
     let mut listener = recovery.started(first, &signal, || listen(&url)).await;
     loop {
-        let received = match failed_at(points::RELAY_WAKEUPS_LOST) {
-            Ok(()) => listener.try_recv().await.map_err(anyhow::Error::from),
-            Err(err) => Err(err),
-        };
+        let received = unless_failed_at(points::RELAY_WAKEUPS_LOST, async {
+            Ok(listener.try_recv().await?)
+        })
+        .await;
         match received {
             Ok(Some(_)) => {
                 // Several notifications before the relay looks are one reason to claim.
@@ -382,10 +375,8 @@ async fn watch(url: String, first: anyhow::Result<(SqliteConnection, i64)>, sign
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let read = match failed_at(points::RELAY_WAKEUPS_LOST) {
-            Ok(()) => data_version(&mut connection).await,
-            Err(err) => Err(err),
-        };
+        let read =
+            unless_failed_at(points::RELAY_WAKEUPS_LOST, data_version(&mut connection)).await;
         match read {
             Ok(version) => {
                 let wake = seen != version && any_pending(&mut connection).await;

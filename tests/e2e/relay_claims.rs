@@ -55,14 +55,15 @@ async fn create_students(app: &TestApp, range: std::ops::Range<usize>) {
     }
 }
 
-/// Runs the delivery loop, tuned by `tuning`, against a Users that accepts connections and
-/// never answers (they complete in the kernel's backlog; nothing reads them), with nothing
+/// Writes ten students, then runs the delivery loop, tuned by `tuning`, against a Users
+/// that accepts connections and never answers (they complete in the kernel's backlog; nothing reads them), with nothing
 /// to wake it but a 300 s poll. Its calls would wait out their minute: the test aborts the
 /// task. The listener is returned to be kept for the test's length.
-async fn run_against_a_silent_users(
+async fn ten_rows_to_a_silent_users(
     app: &TestApp,
     tuning: RunConfig,
 ) -> (tokio::task::JoinHandle<()>, tokio::net::TcpListener) {
+    create_students(app, 0..10).await;
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -741,8 +742,7 @@ async fn the_delivery_loop_holds_no_more_rows_than_call_slots(backend: Backend) 
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    create_students(&app, 0..10).await;
-    let (running, _users) = run_against_a_silent_users(
+    let (running, _users) = ten_rows_to_a_silent_users(
         &app,
         RunConfig {
             batch_size: 64,
@@ -1258,8 +1258,7 @@ async fn a_full_claim_claims_again_at_once(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    create_students(&app, 0..10).await;
-    let (running, _users) = run_against_a_silent_users(
+    let (running, _users) = ten_rows_to_a_silent_users(
         &app,
         RunConfig {
             batch_size: 4,
