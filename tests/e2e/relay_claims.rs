@@ -1,6 +1,6 @@
 //! Claims, leases, attempts and shutdown, driven through the relay's library.
 
-use std::{collections::HashSet, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use proto::student::v1::UpdateStudentRequest;
 use relay::{RunConfig, retry_failed, wakeup::Wakeup};
@@ -14,6 +14,7 @@ use student_store::entity::{
 };
 use student_store::outbox::{self as store, Problem};
 use student_store::wake::WakeRelays;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -25,7 +26,9 @@ use crate::{
         app::test_tuning,
         eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
-        pgbench, refusing_addr, spawn_app, student_request,
+        pgbench, refusing_addr,
+        scripted_users::{Script, scripted_users},
+        spawn_app, student_request,
     },
 };
 
@@ -35,7 +38,7 @@ on_both_backends!(
     a_late_finalize_changes_nothing_once_its_claim_is_gone,
     a_group_commit_records_each_row_as_it_would_alone,
     a_claim_takes_no_more_rows_than_free_call_slots,
-    the_delivery_loop_holds_no_more_rows_than_call_slots,
+    the_delivery_loop_refills_free_call_slots_together_and_never_overfills_them,
     a_full_claim_claims_again_at_once,
     after_a_claim_its_connection_commits_durably_again,
     a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing,
@@ -734,42 +737,92 @@ async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {
     );
 }
 
-/// The delivery loop keeps to the same bound: with three call slots, a Users that never
-/// answers and nothing to wake it but a 300 s poll, it holds exactly three rows, and the
-/// other seven are never leased. (Claims are single statements, so the first one seen is
-/// the whole claim.)
-async fn the_delivery_loop_holds_no_more_rows_than_call_slots(backend: Backend) {
+/// The delivery loop keeps to the same bound as calls finish, and refills its free call
+/// slots together: with eight slots it claims again once two are free (a claim is a
+/// transaction; one per finished call would cost more than it gains). Twenty rows wait,
+/// one call per row, nothing wakes the relay but a 300 s poll, and Users answers only the
+/// calls the test lets through: eight rows are claimed, then two calls are answered, and
+/// the next two rows are claimed in one claim, never one at a time and never more.
+async fn the_delivery_loop_refills_free_call_slots_together_and_never_overfills_them(
+    backend: Backend,
+) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let (running, _users) = ten_rows_to_a_silent_users(
+    create_students(&app, 0..20).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let users = scripted_users(
         &app,
-        RunConfig {
-            batch_size: 64,
-            concurrency: 3,
-            ..test_tuning()
+        Script {
+            create_user_gate: Some(gate.clone()),
+            ..Script::default()
         },
     )
     .await;
-    let rows = eventually("rows claimed", Duration::from_secs(20), || async {
+    let relay = app.relay_with(
+        &users.url,
+        RunConfig {
+            batch_size: 64,
+            concurrency: 8,
+            rows_per_call: 1,
+            poll_interval: Duration::from_secs(300),
+            call_timeout: Duration::from_secs(60),
+            lease: Duration::from_secs(120),
+            ..test_tuning()
+        },
+    );
+    let running = tokio::spawn(async move {
+        relay
+            .run(Wakeup::poll_only(), CancellationToken::new())
+            .await;
+    });
+    // (done, leased, never leased) rows; a claim is one statement, so the first row seen
+    // leased shows the whole claim.
+    let counts = |rows: &[outbox::Model]| {
+        let count = |state| {
+            rows.iter()
+                .filter(|row| (row.status, row.attempts) == state)
+                .count()
+        };
+        (
+            count((OutboxStatus::Done, 1)),
+            count((OutboxStatus::Processing, 1)),
+            count((OutboxStatus::Pending, 0)),
+        )
+    };
+    let first = eventually("the first claim", Duration::from_secs(20), || async {
         let rows = rows(&app).await;
         rows.iter()
             .any(|row| row.status == OutboxStatus::Processing)
             .then_some(rows)
     })
     .await;
-    // (status, attempts) of each row: three leased once, seven untouched.
-    let states: Vec<_> = rows.iter().map(|row| (row.status, row.attempts)).collect();
-    let count = |state| states.iter().filter(|s| **s == state).count();
+    assert_eq!(counts(&first), (0, 8, 12), "one row per call slot");
+
+    gate.add_permits(2);
+    let refilled = eventually(
+        "two calls answered and their slots refilled",
+        Duration::from_secs(20),
+        || async {
+            let rows = rows(&app).await;
+            let (done, _, _) = counts(&rows);
+            let ever_leased = rows.iter().filter(|row| row.attempts > 0).count();
+            (done == 2 && ever_leased >= 10).then_some(rows)
+        },
+    )
+    .await;
     assert_eq!(
-        (
-            count((OutboxStatus::Processing, 1)),
-            count((OutboxStatus::Pending, 0))
-        ),
-        (3, 7),
-        "three rows in flight, seven never leased"
+        counts(&refilled),
+        (2, 8, 10),
+        "two slots freed, two rows claimed"
     );
-    // Its calls would wait out their minute: the relay is stopped without them.
+    let second_claim: HashSet<_> = refilled[8..10].iter().map(|row| row.locked_until).collect();
+    assert_eq!(
+        second_claim.len(),
+        1,
+        "the two rows after the first eight leased in one claim: {second_claim:?}"
+    );
+    // The other calls would wait for permits: the relay is stopped without them.
     running.abort();
 }
 
@@ -1131,7 +1184,8 @@ async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
 /// PostgreSQL only (LISTEN): a listening connection that is lost and restored at once (its
 /// backend ended, as a connection reaper or a failover does) wakes the relay with no commit
 /// at all: rows committed while it was gone notified nobody, so the relay claims once.
-/// The wake-up comes once a new connection LISTENs; after it, commits wake the relay again.
+/// The wake-up comes once a new connection LISTENs, with no spell of polling only; after
+/// it, commits wake the relay again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
@@ -1171,9 +1225,28 @@ async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
         .expect("a boolean");
     assert!(ended, "the listener's backend ended");
 
-    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
-        .await
-        .expect("woken once the listener was back, with nothing committed");
+    // Repaired before it was reported (sqlx connects and LISTENs again first), so the
+    // wake-ups never count as lost: were the loss handled as one not repaired, they would
+    // read "not listening" for RECOVERY_BASE (100 ms) at least, seen by a look every 5 ms.
+    let mut looks = tokio::time::interval(Duration::from_millis(5));
+    let woken = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut ever_not_listening = false;
+        let notified = wakeup.notified();
+        tokio::pin!(notified);
+        loop {
+            tokio::select! {
+                () = &mut notified => return ever_not_listening,
+                _ = looks.tick() => ever_not_listening |= !wakeup.is_listening(),
+            }
+        }
+    })
+    .await;
+    let ever_not_listening =
+        woken.expect("woken once the listener was back, with nothing committed");
+    assert!(
+        !ever_not_listening,
+        "a loss repaired at once taken for one that was not"
+    );
     let after = listening_backends().await;
     assert!(
         after.len() == 1 && after != before,

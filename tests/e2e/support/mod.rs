@@ -8,6 +8,7 @@ pub mod invariants;
 pub mod metrics;
 pub mod pgbench;
 pub mod proxy;
+pub mod scripted_users;
 pub mod stack;
 
 use std::{future::Future, time::Duration};
