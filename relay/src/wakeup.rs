@@ -13,6 +13,11 @@
 //! wakes the relay, because rows committed while nobody listened woke nobody. That wake-up
 //! comes after it listens again, never before: a row committed in between would wait for
 //! the poll. `relay_wakeups_listening` says which state it is in.
+//!
+//! A `LISTEN` connection can also die without a word: a NAT, a firewall or a load balancer
+//! that drops an idle connection, or a host failed over, leaves it half-open, and nothing
+//! ever arrives on it again. So a listener that has heard nothing for a while checks that
+//! it still hears at all ([`Liveness`]), and one that does not is lost like any other.
 
 use std::{
     str::FromStr as _,
@@ -23,11 +28,12 @@ use std::{
     time::Duration,
 };
 
+use anyhow::Context as _;
 use platform::failpoint::{self, points};
 use sea_orm::sqlx::{
     Connection as _,
     pool::PoolOptions,
-    postgres::{PgListener, Postgres},
+    postgres::{PgConnection, PgListener, PgNotification, Postgres},
     sqlite::{SqliteConnectOptions, SqliteConnection},
 };
 use student_store::OUTBOX_CHANNEL;
@@ -59,6 +65,28 @@ pub const RECOVERY_MAX: Duration = Duration::from_secs(5);
 /// it the loss is reported, `relay_wakeups_listening` drops to 0 and [`Recovery`] takes
 /// over. (The `LISTEN` statement itself, on a connection already made, is not bounded.)
 const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How the `LISTEN` connection checks that it still hears (PostgreSQL only): after
+/// `quiet` with no notification it sends one to itself, on a channel only it listens to,
+/// from a short-lived connection of its own, and a listener that has not heard it within
+/// `answer_within` is taken as lost and replaced. A relay under load hears commits all the
+/// time and never checks; an idle one checks every 30 s, for a connection made and closed.
+/// A check that cannot be sent (the server refusing new connections: the listener may be
+/// fine) proves nothing, and the listener waits for the next quiet spell.
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    pub quiet: Duration,
+    pub answer_within: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            quiet: Duration::from_secs(30),
+            answer_within: Duration::from_secs(5),
+        }
+    }
+}
 
 /// Wake-ups for one relay.
 pub struct Wakeup {
@@ -101,15 +129,26 @@ impl Wakeup {
     /// LISTENs on PostgreSQL and watches `data_version` on SQLite, both set up before this
     /// returns. If that fails (logged), the relay polls while a task keeps trying.
     pub async fn for_database(url: &str) -> Self {
+        Self::for_database_with(url, Liveness::default()).await
+    }
+
+    /// [`Wakeup::for_database`], with the `LISTEN` connection checked as `liveness` says
+    /// (tests shorten it).
+    pub async fn for_database_with(url: &str, liveness: Liveness) -> Self {
         let signal = Signal::new();
         let task = if platform::db::is_sqlite(url) {
             let first = unless_failed_at(points::RELAY_WAKEUPS_START, open_watcher(url)).await;
             signal.set_listening(first.is_ok());
             tokio::spawn(watch(url.to_owned(), first, signal.clone()))
         } else {
-            let first = unless_failed_at(points::RELAY_WAKEUPS_START, listen(url)).await;
+            let listener = Listener {
+                url: url.to_owned(),
+                probe: format!("{OUTBOX_CHANNEL}_probe_{}", uuid::Uuid::new_v4().simple()),
+                liveness,
+            };
+            let first = unless_failed_at(points::RELAY_WAKEUPS_START, listener.listen()).await;
             signal.set_listening(first.is_ok());
-            tokio::spawn(forward(url.to_owned(), first, signal.clone()))
+            tokio::spawn(listener.forward(first, signal.clone()))
         };
         Self {
             signal,
@@ -293,54 +332,131 @@ async fn unless_failed_at<T>(
     step.await
 }
 
-/// A listener on a connection of its own (one more than `--db-max-connections`), named in
-/// `pg_stat_activity` as the relay's pool is ([`platform::db::postgres_options`]), and
-/// `LISTEN`ing when this returns. Its one-connection pool only reconnects it, as
-/// [`PgListener::connect`]'s does.
-async fn listen(url: &str) -> anyhow::Result<PgListener> {
-    let pool = PoolOptions::<Postgres>::new()
-        .max_connections(1)
-        .max_lifetime(None)
-        .idle_timeout(None)
-        .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
-        .connect_with(platform::db::postgres_options(url)?)
-        .await?;
-    let mut listener = PgListener::connect_with(&pool).await?;
-    listener.ignore_pool_close_event(true);
-    // What [`forward`] relies on, though it is sqlx's default: a lost connection is made
-    // again, and LISTENs again, before `try_recv` reports the loss as `Ok(None)`.
-    listener.eager_reconnect(true);
-    listener.listen(OUTBOX_CHANNEL).await?;
-    Ok(listener)
+/// What the PostgreSQL listener's task needs to make, and check, its `LISTEN` connection.
+struct Listener {
+    url: String,
+    /// The channel only this listener listens to, for its liveness checks.
+    probe: String,
+    liveness: Liveness,
 }
 
-/// Turns notifications into permits until the relay stops, bringing the listener back
-/// whenever it is lost.
-async fn forward(url: String, first: anyhow::Result<PgListener>, signal: Signal) {
-    let mut recovery = Recovery::new("the LISTEN connection");
-    let mut listener = recovery.started(first, &signal, || listen(&url)).await;
-    loop {
-        let received = unless_failed_at(points::RELAY_WAKEUPS_LOST, async {
-            Ok(listener.try_recv().await?)
-        })
-        .await;
-        match received {
-            Ok(Some(_)) => {
-                // Several notifications before the relay looks are one reason to claim.
-                while listener.next_buffered().is_some() {}
-                signal.wake();
-            }
-            // Lost, then connected and LISTENing again (eager reconnect).
-            Ok(None) => recovery.repaired(&signal).await,
-            // Lost and not made again (the server refusing connections, or restarting for
-            // longer than LISTEN_CONNECT_TIMEOUT), or an error on a connection that may be
-            // broken: a new listener replaces it.
-            Err(err) => {
-                listener = recovery
-                    .replace(listener, &err, &signal, || listen(&url))
-                    .await;
+/// What the listener heard.
+enum Heard {
+    /// A row committed (a notification on [`OUTBOX_CHANNEL`]).
+    Commit,
+    /// Its own liveness check: the connection still hears.
+    Itself,
+    /// The connection was lost, then made again and `LISTEN`ing (eager reconnect).
+    Repaired,
+}
+
+impl Listener {
+    /// A listener on a connection of its own (one more than `--db-max-connections`),
+    /// named in `pg_stat_activity` as the relay's pool is
+    /// ([`platform::db::postgres_options`]), and `LISTEN`ing when this returns. Its
+    /// one-connection pool only reconnects it, as [`PgListener::connect`]'s does.
+    async fn listen(&self) -> anyhow::Result<PgListener> {
+        let pool = PoolOptions::<Postgres>::new()
+            .max_connections(1)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
+            .connect_with(platform::db::postgres_options(&self.url)?)
+            .await?;
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.ignore_pool_close_event(true);
+        // What [`Listener::forward`] relies on, though it is sqlx's default: a lost
+        // connection is made again, and LISTENs again, before `try_recv` reports the loss
+        // as `Ok(None)`.
+        listener.eager_reconnect(true);
+        // One statement: `LISTEN "outbox_created"; LISTEN "<probe>";`.
+        listener
+            .listen_all([OUTBOX_CHANNEL, self.probe.as_str()])
+            .await?;
+        Ok(listener)
+    }
+
+    /// Turns notifications into permits until the relay stops, bringing the listener back
+    /// whenever it is lost.
+    async fn forward(self, first: anyhow::Result<PgListener>, signal: Signal) {
+        let mut recovery = Recovery::new("the LISTEN connection");
+        let mut listener = recovery.started(first, &signal, || self.listen()).await;
+        loop {
+            let heard =
+                unless_failed_at(points::RELAY_WAKEUPS_LOST, self.hear(&mut listener)).await;
+            match heard {
+                Ok(Heard::Commit) => {
+                    // Several notifications before the relay looks are one reason to claim.
+                    while listener.next_buffered().is_some() {}
+                    signal.wake();
+                }
+                Ok(Heard::Itself) => {}
+                Ok(Heard::Repaired) => recovery.repaired(&signal).await,
+                // Lost and not made again (the server refusing connections, or restarting
+                // for longer than LISTEN_CONNECT_TIMEOUT), gone without a word (its check
+                // went unheard), or an error on a connection that may be broken: a new
+                // listener replaces it.
+                Err(err) => {
+                    listener = recovery
+                        .replace(listener, &err, &signal, || self.listen())
+                        .await;
+                }
             }
         }
+    }
+
+    /// The next thing `listener` hears; after a quiet spell, the answer to a liveness
+    /// check, or the error that it went unheard ([`Liveness`]). The wait for a
+    /// notification is never cancelled while the listener is kept: the check is sent on
+    /// another connection while that same wait goes on.
+    async fn hear(&self, listener: &mut PgListener) -> anyhow::Result<Heard> {
+        let received = listener.try_recv();
+        tokio::pin!(received);
+        loop {
+            if let Ok(received) = tokio::time::timeout(self.liveness.quiet, &mut received).await {
+                return Ok(self.heard(received?));
+            }
+            match self.send_check().await {
+                Ok(()) => {
+                    let answer = self.liveness.answer_within;
+                    return match tokio::time::timeout(answer, &mut received).await {
+                        Ok(received) => Ok(self.heard(received?)),
+                        Err(_) => Err(anyhow::anyhow!(
+                            "a liveness check went unheard for {answer:?}: \
+                             the connection is gone without a word"
+                        )),
+                    };
+                }
+                Err(err) => tracing::debug!(
+                    error = format!("{err:#}"),
+                    "cannot check that the LISTEN connection still hears; checking again later"
+                ),
+            }
+        }
+    }
+
+    fn heard(&self, received: Option<PgNotification>) -> Heard {
+        match received {
+            None => Heard::Repaired,
+            Some(notification) if notification.channel() == self.probe => Heard::Itself,
+            Some(_) => Heard::Commit,
+        }
+    }
+
+    /// Notifies this listener's own channel from a connection made for it and closed.
+    async fn send_check(&self) -> anyhow::Result<()> {
+        let options = platform::db::postgres_options(&self.url)?;
+        tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, async {
+            let mut connection = PgConnection::connect_with(&options).await?;
+            sea_orm::sqlx::query("SELECT pg_notify($1, '')")
+                .bind(&self.probe)
+                .execute(&mut connection)
+                .await?;
+            connection.close().await?;
+            anyhow::Ok(())
+        })
+        .await
+        .context("timed out")?
     }
 }
 

@@ -3,7 +3,10 @@
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use proto::student::v1::UpdateStudentRequest;
-use relay::{RunConfig, retry_failed, wakeup::Wakeup};
+use relay::{
+    RunConfig, retry_failed,
+    wakeup::{Liveness, Wakeup},
+};
 use sea_orm::{
     ColumnTrait as _, ConnectionTrait as _, DbBackend, EntityTrait, QueryFilter as _, Statement,
     TransactionTrait as _, sea_query::Expr,
@@ -28,7 +31,9 @@ use crate::{
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
         pgbench, refusing_addr,
         scripted_users::{Script, scripted_users},
-        spawn_app, student_request,
+        spawn_app,
+        stalling_proxy::StallingProxy,
+        student_request,
     },
 };
 
@@ -1181,6 +1186,54 @@ async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
     assert!(woken.is_err(), "woken again with no new commit");
 }
 
+/// The backends of `app`'s Student DB that LISTEN for new rows.
+async fn listening_backends(app: &TestApp) -> Vec<i32> {
+    let rows = app
+        .student_db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!(
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE datname = current_database() AND query LIKE 'LISTEN \"{}\"%'",
+                student_store::OUTBOX_CHANNEL
+            ),
+        ))
+        .await
+        .expect("read pg_stat_activity");
+    rows.iter()
+        .map(|row| row.try_get::<i32>("", "pid").expect("pid"))
+        .collect()
+}
+
+/// Waits until `wakeup` is notified, looking at whether it is listening every 5 ms
+/// meanwhile; returns whether it ever read "not listening". (A spell of polling only lasts
+/// RECOVERY_BASE, 100 ms, at least.)
+async fn notified_noting_listening(wakeup: &Wakeup, what: &str) -> bool {
+    wait_noting_listening(wakeup, what, wakeup.notified()).await
+}
+
+/// Waits for `until` (at most 20 s), looking at whether `wakeup` is listening every 5 ms
+/// meanwhile; returns whether it ever read "not listening".
+async fn wait_noting_listening(
+    wakeup: &Wakeup,
+    what: &str,
+    until: impl std::future::Future<Output = ()>,
+) -> bool {
+    let mut looks = tokio::time::interval(Duration::from_millis(5));
+    let watched = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut ever_not_listening = false;
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                () = &mut until => return ever_not_listening,
+                _ = looks.tick() => ever_not_listening |= !wakeup.is_listening(),
+            }
+        }
+    })
+    .await;
+    watched.unwrap_or_else(|_| panic!("timed out after 20 s waiting for {what}"))
+}
+
 /// PostgreSQL only (LISTEN): a listening connection that is lost and restored at once (its
 /// backend ended, as a connection reaper or a failover does) wakes the relay with no commit
 /// at all: rows committed while it was gone notified nobody, so the relay claims once.
@@ -1191,26 +1244,9 @@ async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
         return;
     };
-    let listening_backends = || async {
-        let rows = app
-            .student_db
-            .query_all_raw(Statement::from_string(
-                DbBackend::Postgres,
-                format!(
-                    "SELECT pid FROM pg_stat_activity \
-                     WHERE datname = current_database() AND query LIKE 'LISTEN \"{}\"%'",
-                    student_store::OUTBOX_CHANNEL
-                ),
-            ))
-            .await
-            .expect("read pg_stat_activity");
-        rows.iter()
-            .map(|row| row.try_get::<i32>("", "pid").expect("pid"))
-            .collect::<Vec<_>>()
-    };
     let wakeup = Wakeup::for_database(&app.databases.student_url).await;
     assert!(wakeup.is_listening(), "LISTENing");
-    let before = listening_backends().await;
+    let before = listening_backends(&app).await;
     assert_eq!(before.len(), 1, "one listening connection");
     let ended = app
         .student_db
@@ -1227,27 +1263,17 @@ async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
 
     // Repaired before it was reported (sqlx connects and LISTENs again first), so the
     // wake-ups never count as lost: were the loss handled as one not repaired, they would
-    // read "not listening" for RECOVERY_BASE (100 ms) at least, seen by a look every 5 ms.
-    let mut looks = tokio::time::interval(Duration::from_millis(5));
-    let woken = tokio::time::timeout(Duration::from_secs(20), async {
-        let mut ever_not_listening = false;
-        let notified = wakeup.notified();
-        tokio::pin!(notified);
-        loop {
-            tokio::select! {
-                () = &mut notified => return ever_not_listening,
-                _ = looks.tick() => ever_not_listening |= !wakeup.is_listening(),
-            }
-        }
-    })
+    // read "not listening" for a while.
+    let ever_not_listening = notified_noting_listening(
+        &wakeup,
+        "a wake-up once the listener was back, with nothing committed",
+    )
     .await;
-    let ever_not_listening =
-        woken.expect("woken once the listener was back, with nothing committed");
     assert!(
         !ever_not_listening,
         "a loss repaired at once taken for one that was not"
     );
-    let after = listening_backends().await;
+    let after = listening_backends(&app).await;
     assert!(
         after.len() == 1 && after != before,
         "woken with a new connection listening, not before: {before:?} then {after:?}"
@@ -1258,6 +1284,74 @@ async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
         .await
         .expect("a commit wakes the relay again");
 }
+
+/// PostgreSQL only: a listening connection gone without a word (open at both ends, nothing
+/// getting through, as after a NAT or firewall dropped it) is found out by its liveness
+/// check, replaced, and the relay woken for the row committed meanwhile, whose
+/// notification never arrived. Until then the checks are heard and the listener kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listen_connection_gone_silent_is_found_out_and_replaced() {
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    let proxy = StallingProxy::start(&app.databases.student_url).await;
+    let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
+    assert!(wakeup.is_listening(), "LISTENing");
+    let before = listening_backends(&app).await;
+    assert_eq!(before.len(), 1, "one listening connection");
+    // Each check is a connection of its own through the proxy: three heard, none lost.
+    let checks_heard = eventually("three liveness checks", Duration::from_secs(20), || async {
+        (proxy.forwarded() >= 4).then_some(())
+    });
+    let ever_not_listening = wait_noting_listening(&wakeup, "three checks", checks_heard).await;
+    assert!(!ever_not_listening, "a listener that hears its checks kept");
+    assert_eq!(listening_backends(&app).await, before, "the same listener");
+
+    proxy.silence_open_connections();
+    create_students(&app, 0..1).await;
+    let ever_not_listening =
+        notified_noting_listening(&wakeup, "a wake-up once a new listener was up").await;
+    assert!(ever_not_listening, "the silent listener taken as lost");
+    assert!(wakeup.is_listening(), "LISTENing again");
+    let after = listening_backends(&app).await;
+    assert!(
+        after.iter().any(|pid| !before.contains(pid)),
+        "a new connection listening: {before:?} then {after:?}"
+    );
+    create_students(&app, 1..2).await;
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .expect("a commit wakes the relay again");
+}
+
+/// PostgreSQL only: a liveness check that cannot be sent (the server, here the proxy,
+/// closing new connections) says nothing about the listener, which is kept and still
+/// wakes the relay for a commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_liveness_check_that_cannot_be_sent_keeps_the_listener() {
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    let proxy = StallingProxy::start(&app.databases.student_url).await;
+    let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
+    assert!(wakeup.is_listening(), "LISTENing");
+    proxy.refuse_new_connections(true);
+    let unsent = eventually("three unsent checks", Duration::from_secs(20), || async {
+        (proxy.refused() >= 3).then_some(())
+    });
+    let ever_not_listening = wait_noting_listening(&wakeup, "three unsent checks", unsent).await;
+    assert!(!ever_not_listening, "the listener kept");
+    create_students(&app, 0..1).await;
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .expect("a commit still wakes the relay");
+}
+
+/// Liveness checks after half a second of quiet, each heard within a second.
+const TEST_LIVENESS: Liveness = Liveness {
+    quiet: Duration::from_millis(500),
+    answer_within: Duration::from_secs(1),
+};
 
 async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays) {
     let options = AppOptions {

@@ -10,6 +10,7 @@ pub mod pgbench;
 pub mod proxy;
 pub mod scripted_users;
 pub mod stack;
+pub mod stalling_proxy;
 
 use std::{future::Future, time::Duration};
 
