@@ -23,7 +23,7 @@ use std::{
     str::FromStr as _,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -102,6 +102,8 @@ struct Signal {
     /// Whether commits wake the relay now (false while lost wake-ups are being brought
     /// back).
     listening: Arc<AtomicBool>,
+    /// How many times the relay was left polling only ([`Wakeup::losses`]).
+    losses: Arc<AtomicU64>,
 }
 
 impl Signal {
@@ -109,6 +111,7 @@ impl Signal {
         Self {
             notified: Arc::new(Notify::new()),
             listening: Arc::new(AtomicBool::new(false)),
+            losses: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -122,6 +125,21 @@ impl Signal {
     fn set_listening(&self, listening: bool) {
         self.listening.store(listening, Ordering::Relaxed);
         crate::metrics::wakeups_listening(listening);
+    }
+
+    /// Records whether the wake-ups were set up at start.
+    fn set_up(&self, set_up: bool) {
+        if set_up {
+            self.set_listening(true);
+        } else {
+            self.lost();
+        }
+    }
+
+    /// Records that the relay is left polling only until lost or failed wake-ups are back.
+    fn lost(&self) {
+        self.losses.fetch_add(1, Ordering::Relaxed);
+        self.set_listening(false);
     }
 }
 
@@ -138,16 +156,15 @@ impl Wakeup {
         let signal = Signal::new();
         let task = if platform::db::is_sqlite(url) {
             let first = unless_failed_at(points::RELAY_WAKEUPS_START, open_watcher(url)).await;
-            signal.set_listening(first.is_ok());
+            signal.set_up(first.is_ok());
             tokio::spawn(watch(url.to_owned(), first, signal.clone()))
         } else {
             let listener = Listener {
                 url: url.to_owned(),
-                probe: format!("{OUTBOX_CHANNEL}_probe_{}", uuid::Uuid::new_v4().simple()),
                 liveness,
             };
             let first = unless_failed_at(points::RELAY_WAKEUPS_START, listener.listen()).await;
-            signal.set_listening(first.is_ok());
+            signal.set_up(first.is_ok());
             tokio::spawn(listener.forward(first, signal.clone()))
         };
         Self {
@@ -169,6 +186,13 @@ impl Wakeup {
     /// the poll interval does (never set up, or lost and not back yet).
     pub fn is_listening(&self) -> bool {
         self.signal.listening.load(Ordering::Relaxed)
+    }
+
+    /// How many times the relay was left polling only: wake-ups that could not be set up,
+    /// or were lost and not made again at once (a loss sqlx repairs before reporting it
+    /// does not count).
+    pub fn losses(&self) -> u64 {
+        self.signal.losses.load(Ordering::Relaxed)
     }
 
     /// Returns once a row was notified since the last return (at once if one was while
@@ -235,7 +259,9 @@ impl Recovery {
     }
 
     /// Replaces wake-ups lost with `err`: the relay polls until `set_up` works. The lost
-    /// ones go first, so the relay never holds two listening connections.
+    /// ones go first, so the relay never holds two listening connections (the server
+    /// side of one gone without a word is ended once the new one listens:
+    /// [`Listener::end_lost`]).
     async fn replace<T, F>(
         &mut self,
         lost: T,
@@ -246,7 +272,7 @@ impl Recovery {
     where
         F: Future<Output = anyhow::Result<T>>,
     {
-        signal.set_listening(false);
+        signal.lost();
         tracing::warn!(
             error = format!("{err:#}"),
             "{} is lost; polling until it is back",
@@ -332,15 +358,21 @@ async fn unless_failed_at<T>(
     step.await
 }
 
-/// What the PostgreSQL listener's task needs to make, and check, its `LISTEN` connection.
+/// What the PostgreSQL listener's task needs to make, and check, its `LISTEN` connections.
+#[derive(Clone)]
 struct Listener {
     url: String,
-    /// The channel only this listener listens to, for its liveness checks.
-    probe: String,
     liveness: Liveness,
 }
 
-/// What the listener heard.
+/// A `LISTEN`ing connection, and the channel only it listens to, for its liveness checks
+/// (a new name for each: the server side of a lost one may still be there, listening).
+struct Listening {
+    listener: PgListener,
+    probe: String,
+}
+
+/// What a listening connection heard.
 enum Heard {
     /// A row committed (a notification on [`OUTBOX_CHANNEL`]).
     Commit,
@@ -355,7 +387,7 @@ impl Listener {
     /// named in `pg_stat_activity` as the relay's pool is
     /// ([`platform::db::postgres_options`]), and `LISTEN`ing when this returns. Its
     /// one-connection pool only reconnects it, as [`PgListener::connect`]'s does.
-    async fn listen(&self) -> anyhow::Result<PgListener> {
+    async fn listen(&self) -> anyhow::Result<Listening> {
         let pool = PoolOptions::<Postgres>::new()
             .max_connections(1)
             .max_lifetime(None)
@@ -366,28 +398,31 @@ impl Listener {
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
         // What [`Listener::forward`] relies on, though it is sqlx's default: a lost
-        // connection is made again, and LISTENs again, before `try_recv` reports the loss
-        // as `Ok(None)`.
+        // connection is made again, and LISTENs again (both channels), before `try_recv`
+        // reports the loss as `Ok(None)`.
         listener.eager_reconnect(true);
-        // One statement: `LISTEN "outbox_created"; LISTEN "<probe>";`.
+        // 44 bytes, under PostgreSQL's 63 for a channel name.
+        let probe = format!("relay_probe_{}", uuid::Uuid::new_v4().simple());
+        // One statement, `LISTEN "outbox_created";LISTEN "<probe>";`, which stays the
+        // connection's last in `pg_stat_activity` (see [`Listener::end_lost`]).
         listener
-            .listen_all([OUTBOX_CHANNEL, self.probe.as_str()])
+            .listen_all([OUTBOX_CHANNEL, probe.as_str()])
             .await?;
-        Ok(listener)
+        Ok(Listening { listener, probe })
     }
 
     /// Turns notifications into permits until the relay stops, bringing the listener back
     /// whenever it is lost.
-    async fn forward(self, first: anyhow::Result<PgListener>, signal: Signal) {
+    async fn forward(self, first: anyhow::Result<Listening>, signal: Signal) {
         let mut recovery = Recovery::new("the LISTEN connection");
-        let mut listener = recovery.started(first, &signal, || self.listen()).await;
+        let mut listening = recovery.started(first, &signal, || self.listen()).await;
         loop {
             let heard =
-                unless_failed_at(points::RELAY_WAKEUPS_LOST, self.hear(&mut listener)).await;
+                unless_failed_at(points::RELAY_WAKEUPS_LOST, self.hear(&mut listening)).await;
             match heard {
                 Ok(Heard::Commit) => {
                     // Several notifications before the relay looks are one reason to claim.
-                    while listener.next_buffered().is_some() {}
+                    while listening.listener.next_buffered().is_some() {}
                     signal.wake();
                 }
                 Ok(Heard::Itself) => {}
@@ -397,30 +432,45 @@ impl Listener {
                 // went unheard), or an error on a connection that may be broken: a new
                 // listener replaces it.
                 Err(err) => {
-                    listener = recovery
-                        .replace(listener, &err, &signal, || self.listen())
+                    let lost = listening.probe.clone();
+                    listening = recovery
+                        .replace(listening, &err, &signal, || self.listen())
                         .await;
+                    // On a task of its own: the new listener hears meanwhile.
+                    let this = self.clone();
+                    tokio::spawn(async move { this.end_lost(&lost).await });
                 }
             }
         }
     }
 
-    /// The next thing `listener` hears; after a quiet spell, the answer to a liveness
+    /// The next thing `listening` hears; after a quiet spell, the answer to a liveness
     /// check, or the error that it went unheard ([`Liveness`]). The wait for a
     /// notification is never cancelled while the listener is kept: the check is sent on
-    /// another connection while that same wait goes on.
-    async fn hear(&self, listener: &mut PgListener) -> anyhow::Result<Heard> {
+    /// another connection while that same wait goes on, and a notification that arrives
+    /// meanwhile is returned at once.
+    async fn hear(&self, listening: &mut Listening) -> anyhow::Result<Heard> {
+        let Listening { listener, probe } = listening;
         let received = listener.try_recv();
         tokio::pin!(received);
+        let heard = |received: Option<PgNotification>| match received {
+            None => Heard::Repaired,
+            Some(notification) if notification.channel() == probe.as_str() => Heard::Itself,
+            Some(_) => Heard::Commit,
+        };
         loop {
             if let Ok(received) = tokio::time::timeout(self.liveness.quiet, &mut received).await {
-                return Ok(self.heard(received?));
+                return Ok(heard(received?));
             }
-            match self.send_check().await {
+            let sent = tokio::select! {
+                received = &mut received => return Ok(heard(received?)),
+                sent = self.send_check(probe) => sent,
+            };
+            match sent {
                 Ok(()) => {
                     let answer = self.liveness.answer_within;
                     return match tokio::time::timeout(answer, &mut received).await {
-                        Ok(received) => Ok(self.heard(received?)),
+                        Ok(received) => Ok(heard(received?)),
                         Err(_) => Err(anyhow::anyhow!(
                             "a liveness check went unheard for {answer:?}: \
                              the connection is gone without a word"
@@ -435,23 +485,54 @@ impl Listener {
         }
     }
 
-    fn heard(&self, received: Option<PgNotification>) -> Heard {
-        match received {
-            None => Heard::Repaired,
-            Some(notification) if notification.channel() == self.probe => Heard::Itself,
-            Some(_) => Heard::Commit,
+    /// Notifies `probe` from a connection made for it and closed.
+    async fn send_check(&self, probe: &str) -> anyhow::Result<()> {
+        self.on_a_connection_of_its_own(async |connection| {
+            sea_orm::sqlx::query("SELECT pg_notify($1, '')")
+                .bind(probe)
+                .execute(connection)
+                .await
+        })
+        .await
+    }
+
+    /// Ends the server's side of the lost listener that listened to `probe`, if it is still
+    /// there (best effort, logged). A connection gone without a word is still `LISTEN`ing
+    /// on the server, holding one of its `max_connections`, until the server's TCP
+    /// keepalive gives up, two hours by default; its last statement named `probe`, which no
+    /// other connection's does.
+    async fn end_lost(&self, probe: &str) {
+        let ended = self
+            .on_a_connection_of_its_own(async |connection| {
+                sea_orm::sqlx::query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE usename = current_user AND pid <> pg_backend_pid() \
+                     AND position($1 in query) > 0",
+                )
+                .bind(probe)
+                .execute(connection)
+                .await
+            })
+            .await;
+        match ended {
+            Ok(()) => {}
+            Err(err) => tracing::debug!(
+                error = format!("{err:#}"),
+                "cannot end the lost LISTEN connection's server side; the server will"
+            ),
         }
     }
 
-    /// Notifies this listener's own channel from a connection made for it and closed.
-    async fn send_check(&self) -> anyhow::Result<()> {
+    /// Runs `statement` on a connection made for it and closed, all within
+    /// LISTEN_CONNECT_TIMEOUT.
+    async fn on_a_connection_of_its_own<T>(
+        &self,
+        statement: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sea_orm::sqlx::Error>,
+    ) -> anyhow::Result<()> {
         let options = platform::db::postgres_options(&self.url)?;
         tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, async {
             let mut connection = PgConnection::connect_with(&options).await?;
-            sea_orm::sqlx::query("SELECT pg_notify($1, '')")
-                .bind(&self.probe)
-                .execute(&mut connection)
-                .await?;
+            statement(&mut connection).await?;
             connection.close().await?;
             anyhow::Ok(())
         })

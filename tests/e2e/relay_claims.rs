@@ -1205,46 +1205,36 @@ async fn listening_backends(app: &TestApp) -> Vec<i32> {
         .collect()
 }
 
-/// Waits until `wakeup` is notified, looking at whether it is listening every 5 ms
-/// meanwhile; returns whether it ever read "not listening". (A spell of polling only lasts
-/// RECOVERY_BASE, 100 ms, at least.)
-async fn notified_noting_listening(wakeup: &Wakeup, what: &str) -> bool {
-    wait_noting_listening(wakeup, what, wakeup.notified()).await
-}
+/// Liveness checks after half a second of quiet, each to be heard within 3 s.
+const TEST_LIVENESS: Liveness = Liveness {
+    quiet: Duration::from_millis(500),
+    answer_within: Duration::from_secs(3),
+};
 
-/// Waits for `until` (at most 20 s), looking at whether `wakeup` is listening every 5 ms
-/// meanwhile; returns whether it ever read "not listening".
-async fn wait_noting_listening(
-    wakeup: &Wakeup,
-    what: &str,
-    until: impl std::future::Future<Output = ()>,
-) -> bool {
-    let mut looks = tokio::time::interval(Duration::from_millis(5));
-    let watched = tokio::time::timeout(Duration::from_secs(20), async {
-        let mut ever_not_listening = false;
-        tokio::pin!(until);
-        loop {
-            tokio::select! {
-                () = &mut until => return ever_not_listening,
-                _ = looks.tick() => ever_not_listening |= !wakeup.is_listening(),
-            }
-        }
-    })
+/// Waits until `proxy` has accepted `count` connections. Each liveness check is one, made
+/// only once the check before it was heard and the listener was quiet again.
+async fn connections_accepted(proxy: &StallingProxy, count: u64) {
+    eventually(
+        &format!("{count} connections through the proxy"),
+        Duration::from_secs(20),
+        || async { (proxy.accepted() >= count).then_some(()) },
+    )
     .await;
-    watched.unwrap_or_else(|_| panic!("timed out after 20 s waiting for {what}"))
 }
 
 /// PostgreSQL only (LISTEN): a listening connection that is lost and restored at once (its
 /// backend ended, as a connection reaper or a failover does) wakes the relay with no commit
 /// at all: rows committed while it was gone notified nobody, so the relay claims once.
-/// The wake-up comes once a new connection LISTENs, with no spell of polling only; after
-/// it, commits wake the relay again.
+/// The wake-up comes once a new connection LISTENs, and the relay never polls only
+/// meanwhile (no loss counted); after it, commits wake the relay again, and the new
+/// connection hears its liveness checks (sqlx LISTENs again to the probe channel too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
         return;
     };
-    let wakeup = Wakeup::for_database(&app.databases.student_url).await;
+    let proxy = StallingProxy::start(&app.databases.student_url).await;
+    let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
     assert!(wakeup.is_listening(), "LISTENing");
     let before = listening_backends(&app).await;
     assert_eq!(before.len(), 1, "one listening connection");
@@ -1261,34 +1251,31 @@ async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
         .expect("a boolean");
     assert!(ended, "the listener's backend ended");
 
-    // Repaired before it was reported (sqlx connects and LISTENs again first), so the
-    // wake-ups never count as lost: were the loss handled as one not repaired, they would
-    // read "not listening" for a while.
-    let ever_not_listening = notified_noting_listening(
-        &wakeup,
-        "a wake-up once the listener was back, with nothing committed",
-    )
-    .await;
-    assert!(
-        !ever_not_listening,
-        "a loss repaired at once taken for one that was not"
-    );
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .expect("woken once the listener was back, with nothing committed");
     let after = listening_backends(&app).await;
     assert!(
         after.len() == 1 && after != before,
         "woken with a new connection listening, not before: {before:?} then {after:?}"
     );
     assert!(wakeup.is_listening(), "LISTENing again");
+    assert_eq!(wakeup.losses(), 0, "repaired before it was reported");
     create_students(&app, 0..1).await;
     tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
         .await
         .expect("a commit wakes the relay again");
+    // Two checks heard on the new connection: a third was sent.
+    connections_accepted(&proxy, proxy.accepted() + 3).await;
+    assert_eq!(wakeup.losses(), 0, "its checks heard");
+    assert_eq!(listening_backends(&app).await, after, "the same listener");
 }
 
 /// PostgreSQL only: a listening connection gone without a word (open at both ends, nothing
 /// getting through, as after a NAT or firewall dropped it) is found out by its liveness
 /// check, replaced, and the relay woken for the row committed meanwhile, whose
-/// notification never arrived. Until then the checks are heard and the listener kept.
+/// notification never arrived; the lost connection's server side, still LISTENing, is
+/// ended. Until then the checks are heard and the listener kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_listen_connection_gone_silent_is_found_out_and_replaced() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
@@ -1299,29 +1286,36 @@ async fn a_listen_connection_gone_silent_is_found_out_and_replaced() {
     assert!(wakeup.is_listening(), "LISTENing");
     let before = listening_backends(&app).await;
     assert_eq!(before.len(), 1, "one listening connection");
-    // Each check is a connection of its own through the proxy: three heard, none lost.
-    let checks_heard = eventually("three liveness checks", Duration::from_secs(20), || async {
-        (proxy.forwarded() >= 4).then_some(())
-    });
-    let ever_not_listening = wait_noting_listening(&wakeup, "three checks", checks_heard).await;
-    assert!(!ever_not_listening, "a listener that hears its checks kept");
+    // The listener's connection, then four checks: three heard.
+    connections_accepted(&proxy, 5).await;
+    assert_eq!(wakeup.losses(), 0, "a listener that hears its checks kept");
     assert_eq!(listening_backends(&app).await, before, "the same listener");
 
     proxy.silence_open_connections();
     create_students(&app, 0..1).await;
-    let ever_not_listening =
-        notified_noting_listening(&wakeup, "a wake-up once a new listener was up").await;
-    assert!(ever_not_listening, "the silent listener taken as lost");
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .expect("woken once a new listener was up");
+    assert_eq!(wakeup.losses(), 1, "the silent listener taken as lost");
     assert!(wakeup.is_listening(), "LISTENing again");
-    let after = listening_backends(&app).await;
-    assert!(
-        after.iter().any(|pid| !before.contains(pid)),
-        "a new connection listening: {before:?} then {after:?}"
-    );
+    let after = eventually(
+        "the silent listener's server side ended, a new one listening",
+        Duration::from_secs(20),
+        || async {
+            let after = listening_backends(&app).await;
+            (after.len() == 1 && after != before).then_some(after)
+        },
+    )
+    .await;
     create_students(&app, 1..2).await;
     tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
         .await
         .expect("a commit wakes the relay again");
+    assert_eq!(
+        listening_backends(&app).await,
+        after,
+        "the new listener kept"
+    );
 }
 
 /// PostgreSQL only: a liveness check that cannot be sent (the server, here the proxy,
@@ -1336,22 +1330,17 @@ async fn a_liveness_check_that_cannot_be_sent_keeps_the_listener() {
     let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
     assert!(wakeup.is_listening(), "LISTENing");
     proxy.refuse_new_connections(true);
-    let unsent = eventually("three unsent checks", Duration::from_secs(20), || async {
+    eventually("three unsent checks", Duration::from_secs(20), || async {
         (proxy.refused() >= 3).then_some(())
-    });
-    let ever_not_listening = wait_noting_listening(&wakeup, "three unsent checks", unsent).await;
-    assert!(!ever_not_listening, "the listener kept");
+    })
+    .await;
+    assert_eq!(wakeup.losses(), 0, "the listener kept");
+    assert!(wakeup.is_listening(), "LISTENing");
     create_students(&app, 0..1).await;
     tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
         .await
         .expect("a commit still wakes the relay");
 }
-
-/// Liveness checks after half a second of quiet, each heard within a second.
-const TEST_LIVENESS: Liveness = Liveness {
-    quiet: Duration::from_millis(500),
-    answer_within: Duration::from_secs(1),
-};
 
 async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays) {
     let options = AppOptions {

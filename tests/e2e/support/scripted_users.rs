@@ -131,7 +131,14 @@ pub async fn scripted_users(app: &TestApp, script: Script) -> ScriptedUsersRunni
     tokio::spawn(platform::grpc_server::serve(
         listener,
         definition,
-        platform::grpc_server::ServerOptions::default(),
+        // Calls held at the gate wait as long as the test needs, not the default 10 s.
+        platform::grpc_server::ServerOptions {
+            limits: platform::grpc_server::Limits {
+                request_timeout: Duration::from_secs(120),
+                ..platform::grpc_server::Limits::default()
+            },
+            tls: None,
+        },
         app.users_db.clone(),
         stop.clone(),
     ));

@@ -33,7 +33,7 @@ struct State {
 }
 
 impl StallingProxy {
-    /// Forwards to the server `url` names (host and port; the URL must give both).
+    /// Forwards to the server `url` names (its host, and its port or PostgreSQL's 5432).
     pub async fn start(url: &str) -> Self {
         let (scheme, rest) = url.split_once("://").expect("a URL");
         let slash = rest.find('/').unwrap_or(rest.len());
@@ -41,6 +41,11 @@ impl StallingProxy {
         let (user, server) = match authority.rsplit_once('@') {
             Some((user, server)) => (format!("{user}@"), server.to_owned()),
             None => (String::new(), authority.to_owned()),
+        };
+        let server = if server.contains(':') {
+            server
+        } else {
+            format!("{server}:5432")
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
@@ -70,8 +75,8 @@ impl StallingProxy {
         self.state.refusing.store(refusing, Ordering::SeqCst);
     }
 
-    /// How many connections were forwarded so far.
-    pub fn forwarded(&self) -> u64 {
+    /// How many connections were accepted to be forwarded so far (not those refused).
+    pub fn accepted(&self) -> u64 {
         self.state.accepted.load(Ordering::SeqCst)
     }
 
@@ -92,6 +97,8 @@ async fn serve(listener: TcpListener, server: String, state: Arc<State>) {
     let mut connections = JoinSet::new();
     loop {
         let Ok((client, _)) = listener.accept().await else {
+            // Out of file descriptors, say: not a spin.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
         if state.refusing.load(Ordering::SeqCst) {
@@ -103,6 +110,7 @@ async fn serve(listener: TcpListener, server: String, state: Arc<State>) {
         let Ok(upstream) = TcpStream::connect(&server).await else {
             continue;
         };
+        let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = upstream.into_split();
         connections.spawn(copy(client_read, server_write, number, state.clone()));
@@ -111,18 +119,19 @@ async fn serve(listener: TcpListener, server: String, state: Arc<State>) {
 }
 
 /// Copies one direction of connection `number` until either end closes; once it is
-/// silenced, keeps both ends open and forwards nothing.
+/// silenced, forwards nothing, not even a close: both ends stay open.
 async fn copy(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, number: u64, state: Arc<State>) {
     let mut buffer = vec![0_u8; 16 * 1024];
     loop {
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
-            Ok(read) => read,
-        };
+        let read = from.read(&mut buffer).await;
         if number < state.silenced_below.load(Ordering::SeqCst) {
             // Held, with both halves, until the proxy is dropped.
             std::future::pending::<()>().await;
         }
+        let read = match read {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
         if to.write_all(&buffer[..read]).await.is_err() {
             return;
         }
