@@ -168,26 +168,31 @@ mod tests {
         );
     }
 
-    /// A process continuing a request's trace is a new hop: the caller's trace id and
-    /// flags (sampled or not), but a span id of its own, never the caller's.
+    /// A process continuing a trace, a request's or a stored row's, is a new hop: the
+    /// caller's trace id and flags (sampled or not), but a span id of its own, never the
+    /// caller's.
     #[test]
-    fn continuing_from_metadata_keeps_the_trace_and_flags_but_starts_a_new_span() {
+    fn continuing_a_trace_keeps_its_id_and_flags_but_starts_a_new_span() {
         for flags in ["01", "00"] {
             let traceparent =
                 format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}");
             let parent = TraceContext::parse(&traceparent).expect("valid");
             let mut metadata = MetadataMap::new();
             metadata.insert(TRACEPARENT, traceparent.parse().expect("ascii"));
-            let continued = TraceContext::continue_from(&metadata);
-            assert_eq!(continued.trace_id, parent.trace_id, "{traceparent}");
-            assert_eq!(continued.flags, parent.flags, "{traceparent}");
-            assert_ne!(continued.span_id, parent.span_id, "{traceparent}");
-            assert_ne!(continued.span_id, 0, "{traceparent}");
-            assert_ne!(continued.to_string(), traceparent);
-            assert!(
-                continued.to_string().ends_with(&format!("-{flags}")),
-                "{continued}"
-            );
+            for (from, continued) in [
+                ("metadata", TraceContext::continue_from(&metadata)),
+                ("a row", TraceContext::continue_stored(Some(&traceparent))),
+            ] {
+                assert_eq!(continued.trace_id, parent.trace_id, "{from}: {traceparent}");
+                assert_eq!(continued.flags, parent.flags, "{from}: {traceparent}");
+                assert_ne!(continued.span_id, parent.span_id, "{from}: {traceparent}");
+                assert_ne!(continued.span_id, 0, "{from}: {traceparent}");
+                assert_ne!(continued.to_string(), traceparent, "{from}");
+                assert!(
+                    continued.to_string().ends_with(&format!("-{flags}")),
+                    "{from}: {continued}"
+                );
+            }
         }
     }
 

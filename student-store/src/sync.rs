@@ -141,6 +141,34 @@ mod tests {
         assert_eq!(link_state(&student(None), None), LinkState::Unknown);
     }
 
+    /// A row not yet ended is pending, whether it waits or is being delivered; a done row
+    /// is linked, whatever the student read says.
+    #[test]
+    fn a_row_being_delivered_is_pending_and_a_done_row_linked() {
+        let row = |status| outbox::Model {
+            status,
+            attempts: 1,
+            processed_at: None,
+            failure_kind: None,
+            error_code: None,
+            ..failed_row(FailureKind::Rejected, None, None)
+        };
+        for status in [OutboxStatus::Pending, OutboxStatus::Processing] {
+            assert_eq!(
+                link_state(&student(None), Some(&row(status))),
+                LinkState::Pending,
+                "{status:?}"
+            );
+        }
+        assert_eq!(
+            link_state(
+                &student(Some(Uuid::from_u128(7))),
+                Some(&row(OutboxStatus::Done))
+            ),
+            LinkState::Linked
+        );
+    }
+
     /// Only running out of attempts hides the recorded error behind the fixed sentence; an
     /// expired or rejected row shows its own reason and message.
     #[test]

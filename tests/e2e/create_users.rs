@@ -241,14 +241,31 @@ async fn each_item_gets_the_answer_create_user_would_give_it_alone(backend: Back
         (Code::AlreadyExists, "DOCUMENT_NUMBER_TAKEN", true)
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (5, 6));
+
+    // One document under two keys in one call: two requests, judged in order, like two
+    // CreateUser calls; not a call that cannot be judged.
+    let mut second = user(8);
+    second.document_number = user(7).document_number;
+    let results = send(&app, call([user(7), second])).await;
+    created(&results[0]);
+    let (code, reason, _, replayed) = refused(&results[1]);
+    assert_eq!(
+        (code, reason.as_str(), replayed),
+        (Code::AlreadyExists, "DOCUMENT_NUMBER_TAKEN", false)
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (6, 8));
 }
 
 async fn a_call_no_item_of_which_can_be_judged_is_refused_whole(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
+    // Key 0 twice, for two different users: which would the key's answer be?
     let mut twice = call((0..3).map(user));
-    twice.items[2] = item(user(0));
+    twice.items[2] = item(CreateUserRequest {
+        idempotency_key: user(0).idempotency_key,
+        ..user(2)
+    });
     let cases = [
         (call([]), "invalid items: must hold 1 to 100 items"),
         (

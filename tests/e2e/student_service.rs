@@ -18,8 +18,11 @@ use uuid::Uuid;
 use crate::{
     on_both_backends,
     support::{
-        Backend, insert_unlinked_students, invariants::students_and_outbox_rows, pgbench,
-        spawn_app, student_request,
+        Backend,
+        app::{AppOptions, spawn_app_with},
+        insert_unlinked_students,
+        invariants::{students_and_outbox_rows, users_and_inbox_rows},
+        pgbench, spawn_app, student_request,
     },
 };
 
@@ -27,6 +30,7 @@ on_both_backends!(
     create_student_commits_the_student_with_a_pending_create_user_row,
     retry_with_the_same_client_key_returns_the_same_student,
     client_key_reused_with_other_fields_is_rejected_and_writes_nothing,
+    direct_mode_answers_a_retry_from_its_key_before_calling_users,
     a_second_student_with_the_same_document_number_is_rejected,
     a_group_of_students_commits_together_or_each_on_its_own,
     invalid_create_student_fields_are_named_and_nothing_is_stored,
@@ -167,6 +171,46 @@ async fn client_key_reused_with_other_fields_is_rejected_and_writes_nothing(back
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
 }
 
+/// The naive flow keeps the one promise it can: a retry whose student was saved is answered
+/// from the caller's key, and Users is not asked again (a second call would be a new
+/// operation there, under a fresh key, refused for the document number its own first user
+/// holds).
+async fn direct_mode_answers_a_retry_from_its_key_before_calling_users(backend: Backend) {
+    let options = AppOptions {
+        direct_link: true,
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app_with(backend, options).await else {
+        return;
+    };
+    let mut student = app.student.clone();
+    let first = student
+        .create_student(keyed(1, "enrol-1"))
+        .await
+        .expect("created through Users")
+        .into_inner();
+    assert_eq!(first.user_link_status(), UserLinkStatus::Linked);
+    let again = student
+        .create_student(keyed(1, "enrol-1"))
+        .await
+        .expect("the retry gets its student")
+        .into_inner();
+    assert_eq!(again, first);
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 0));
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+
+    let mut other = keyed(1, "enrol-1");
+    other.first_name = "Ana-Luz".into();
+    let status = student.create_student(other).await.expect_err("key reused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        status.message(),
+        "idempotency_key was already used with a different request"
+    );
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 0));
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
 async fn a_second_student_with_the_same_document_number_is_rejected(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
@@ -209,6 +253,16 @@ async fn invalid_create_student_fields_are_named_and_nothing_is_stored(backend: 
             "last_name",
             |r| r.last_name = "a\u{1b}b".into(),
             "invalid last_name: must not contain control characters",
+        ),
+        (
+            "first_name",
+            |r| r.first_name = "\u{202e}anA".into(),
+            "invalid first_name: must not contain control characters",
+        ),
+        (
+            "email",
+            |r| r.email = "ana\u{202e}@example.edu".into(),
+            "invalid email: must not contain control characters",
         ),
         (
             "email",

@@ -47,6 +47,9 @@ pub struct AppOptions {
     pub wake_relays: student_store::wake::WakeRelays,
     /// How long Users' inbox keeps keys (`--inbox-retention`).
     pub inbox: users_svc::InboxSettings,
+    /// Run student-svc with `--link-mode direct`, calling this app's Users (plaintext
+    /// only, without a token).
+    pub direct_link: bool,
 }
 
 /// Starts both services on fresh databases; `None` when the backend is not configured.
@@ -79,28 +82,44 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<Tes
         .await
         .expect("open Users DB");
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let student_addr = listener.local_addr().expect("addr");
+    let student_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let student_addr = student_listener.local_addr().expect("addr");
+    let users_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let users_addr = users_listener.local_addr().expect("addr");
     let server = ServerOptions {
         limits: options.limits,
         tls: options.tls.as_ref().map(TestPki::identity),
     };
+    let link = if options.direct_link {
+        assert!(
+            options.tls.is_none() && options.users_token.is_none(),
+            "the direct link of this helper calls Users in plaintext, without a token"
+        );
+        let users = student_svc::direct::DirectUsers::new(
+            &format!("http://{users_addr}"),
+            None,
+            None,
+            Duration::from_secs(30),
+        )
+        .expect("direct Users client");
+        student_svc::Link::Direct(Box::new(users))
+    } else {
+        student_svc::Link::Outbox
+    };
     tokio::spawn(student_svc::run(
-        listener,
+        student_listener,
         student_db.clone(),
         server.clone(),
-        student_svc::Link::Outbox,
+        link,
         options.wake_relays,
         shutdown.clone(),
     ));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let users_addr = listener.local_addr().expect("addr");
     let token = options
         .users_token
         .as_deref()
         .map(|t| AcceptedTokens::parse(t).expect("test token"));
     tokio::spawn(users_svc::run(
-        listener,
+        users_listener,
         users_db.clone(),
         server,
         token,
