@@ -1176,10 +1176,7 @@ async fn the_sqlite_watcher_wakes_the_relay_only_for_a_pending_row() {
         );
     }
     // A student's commit leaves its row pending (no relay runs): that one wakes it.
-    create_students(&app, 0..1).await;
-    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
-        .await
-        .expect("woken by the commit that left a row pending");
+    commit_and_expect_a_wake_up(&app, &wakeup, 0..1, "by the commit that left a row pending").await;
     // Once: the row still pending, with no commit since, is no reason to wake it again.
     let woken =
         tokio::time::timeout(relay::wakeup::SQLITE_WATCH_INTERVAL * 30, wakeup.notified()).await;
@@ -1222,6 +1219,29 @@ async fn connections_accepted(proxy: &StallingProxy, count: u64) {
     .await;
 }
 
+/// A relay's wake-ups listening through a proxy of the test's own on `app`'s Student DB,
+/// with [`TEST_LIVENESS`].
+async fn listening_through_a_proxy(app: &TestApp) -> (StallingProxy, Wakeup) {
+    let proxy = StallingProxy::start(&app.databases.student_url).await;
+    let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
+    assert!(wakeup.is_listening(), "LISTENing");
+    (proxy, wakeup)
+}
+
+/// Creates the students `range` and waits, 20 s at most, for the wake-up their commits
+/// send; `why` names the wake-up the test expects.
+async fn commit_and_expect_a_wake_up(
+    app: &TestApp,
+    wakeup: &Wakeup,
+    range: std::ops::Range<usize>,
+    why: &str,
+) {
+    create_students(app, range).await;
+    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
+        .await
+        .unwrap_or_else(|_| panic!("not woken: {why}"));
+}
+
 /// PostgreSQL only (LISTEN): a listening connection that is lost and restored at once (its
 /// backend ended, as a connection reaper or a failover does) wakes the relay with no commit
 /// at all: rows committed while it was gone notified nobody, so the relay claims once.
@@ -1233,9 +1253,7 @@ async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
         return;
     };
-    let proxy = StallingProxy::start(&app.databases.student_url).await;
-    let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
-    assert!(wakeup.is_listening(), "LISTENing");
+    let (proxy, wakeup) = listening_through_a_proxy(&app).await;
     let before = listening_backends(&app).await;
     assert_eq!(before.len(), 1, "one listening connection");
     let ended = app
@@ -1261,10 +1279,7 @@ async fn a_lost_listen_connection_restored_at_once_wakes_the_relay() {
     );
     assert!(wakeup.is_listening(), "LISTENing again");
     assert_eq!(wakeup.losses(), 0, "repaired before it was reported");
-    create_students(&app, 0..1).await;
-    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
-        .await
-        .expect("a commit wakes the relay again");
+    commit_and_expect_a_wake_up(&app, &wakeup, 0..1, "a commit wakes the relay again").await;
     // Two checks heard on the new connection: a third was sent.
     connections_accepted(&proxy, proxy.accepted() + 3).await;
     assert_eq!(wakeup.losses(), 0, "its checks heard");
@@ -1281,9 +1296,7 @@ async fn a_listen_connection_gone_silent_is_found_out_and_replaced() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
         return;
     };
-    let proxy = StallingProxy::start(&app.databases.student_url).await;
-    let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
-    assert!(wakeup.is_listening(), "LISTENing");
+    let (proxy, wakeup) = listening_through_a_proxy(&app).await;
     let before = listening_backends(&app).await;
     assert_eq!(before.len(), 1, "one listening connection");
     // The listener's connection, then four checks: three heard.
@@ -1292,10 +1305,7 @@ async fn a_listen_connection_gone_silent_is_found_out_and_replaced() {
     assert_eq!(listening_backends(&app).await, before, "the same listener");
 
     proxy.silence_open_connections();
-    create_students(&app, 0..1).await;
-    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
-        .await
-        .expect("woken once a new listener was up");
+    commit_and_expect_a_wake_up(&app, &wakeup, 0..1, "once a new listener was up").await;
     assert_eq!(wakeup.losses(), 1, "the silent listener taken as lost");
     assert!(wakeup.is_listening(), "LISTENing again");
     let after = eventually(
@@ -1307,10 +1317,7 @@ async fn a_listen_connection_gone_silent_is_found_out_and_replaced() {
         },
     )
     .await;
-    create_students(&app, 1..2).await;
-    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
-        .await
-        .expect("a commit wakes the relay again");
+    commit_and_expect_a_wake_up(&app, &wakeup, 1..2, "a commit wakes the relay again").await;
     assert_eq!(
         listening_backends(&app).await,
         after,
@@ -1326,9 +1333,7 @@ async fn a_liveness_check_that_cannot_be_sent_keeps_the_listener() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
         return;
     };
-    let proxy = StallingProxy::start(&app.databases.student_url).await;
-    let wakeup = Wakeup::for_database_with(proxy.url(), TEST_LIVENESS).await;
-    assert!(wakeup.is_listening(), "LISTENing");
+    let (proxy, wakeup) = listening_through_a_proxy(&app).await;
     proxy.refuse_new_connections(true);
     eventually("three unsent checks", Duration::from_secs(20), || async {
         (proxy.refused() >= 3).then_some(())
@@ -1336,10 +1341,7 @@ async fn a_liveness_check_that_cannot_be_sent_keeps_the_listener() {
     .await;
     assert_eq!(wakeup.losses(), 0, "the listener kept");
     assert!(wakeup.is_listening(), "LISTENing");
-    create_students(&app, 0..1).await;
-    tokio::time::timeout(Duration::from_secs(20), wakeup.notified())
-        .await
-        .expect("a commit still wakes the relay");
+    commit_and_expect_a_wake_up(&app, &wakeup, 0..1, "a commit still wakes the relay").await;
 }
 
 async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays) {

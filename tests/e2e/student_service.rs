@@ -20,7 +20,7 @@ use crate::{
     support::{
         Backend,
         app::{AppOptions, spawn_app_with},
-        insert_unlinked_students,
+        assert_key_reused, insert_unlinked_students,
         invariants::{students_and_outbox_rows, users_and_inbox_rows},
         pgbench, spawn_app, student_request,
     },
@@ -163,11 +163,7 @@ async fn client_key_reused_with_other_fields_is_rejected_and_writes_nothing(back
         .create_student(keyed(2, "enrol-1"))
         .await
         .expect_err("key reused");
-    assert_eq!(status.code(), Code::FailedPrecondition);
-    assert_eq!(
-        status.message(),
-        "idempotency_key was already used with a different request"
-    );
+    assert_key_reused(&status);
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
 }
 
@@ -202,11 +198,7 @@ async fn direct_mode_answers_a_retry_from_its_key_before_calling_users(backend: 
     let mut other = keyed(1, "enrol-1");
     other.first_name = "Ana-Luz".into();
     let status = student.create_student(other).await.expect_err("key reused");
-    assert_eq!(status.code(), Code::FailedPrecondition);
-    assert_eq!(
-        status.message(),
-        "idempotency_key was already used with a different request"
-    );
+    assert_key_reused(&status);
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 0));
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
 }

@@ -14,6 +14,7 @@ use crate::{
     support::{
         Backend,
         app::{AppOptions, spawn_app_with},
+        assert_key_reused,
         invariants::{stored_user, users_and_inbox_rows},
         pgbench, spawn_app,
     },
@@ -258,11 +259,7 @@ async fn key_reused_with_another_request_is_rejected_and_writes_nothing(backend:
     let mut other = request("key-1");
     other.email = "someone.else@example.edu".to_owned();
     let status = users.create_user(other).await.expect_err("key reused");
-    assert_eq!(status.code(), Code::FailedPrecondition);
-    assert_eq!(
-        status.message(),
-        "idempotency_key was already used with a different request"
-    );
+    assert_key_reused(&status);
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
     // The original request still gets its saved answer.
     let again = users

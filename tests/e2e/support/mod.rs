@@ -68,6 +68,19 @@ pub fn refusing_addr() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
     (socket, addr)
 }
 
+/// Asserts `status` is the refusal of a key sent again with another request, as both
+/// services word it.
+pub fn assert_key_reused(status: &tonic::Status) {
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            tonic::Code::FailedPrecondition,
+            "idempotency_key was already used with a different request"
+        ),
+        "{status:?}"
+    );
+}
+
 /// A valid CreateStudent request, distinct for each `n`.
 pub fn student_request(n: usize) -> CreateStudentRequest {
     CreateStudentRequest {
