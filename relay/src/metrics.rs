@@ -18,6 +18,7 @@ pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 pub const IN_FLIGHT_LIMIT: &str = "relay_in_flight_limit";
 pub const FINALIZE_BATCHES: &str = "relay_finalize_batches_total";
 pub const WAKEUPS_LISTENING: &str = "relay_wakeups_listening";
+pub const WAKEUP_LOSSES: &str = "relay_wakeup_losses_total";
 
 /// How often the gauges are read from the database. Each read touches only the rows still
 /// to deliver and the failed ones (see `outbox::report`), never the delivered history.
@@ -86,6 +87,12 @@ pub fn describe() {
         WAKEUPS_LISTENING,
         "1 while commits wake this relay (PostgreSQL LISTEN, the SQLite watcher); 0 while only its poll does, until they are back"
     );
+    metrics::describe_counter!(
+        WAKEUP_LOSSES,
+        "Times this relay was left polling only: its wake-ups lost (LISTEN connection ended or gone silent, SQLite watcher failing) or not set up at start; a connection the driver made again at once is not one"
+    );
+    // Exported at 0 from the start, so `increase()` sees the first loss.
+    metrics::counter!(WAKEUP_LOSSES).increment(0);
     metrics::describe_gauge!(
         OUTBOX_ROWS,
         "Outbox rows by status, read from the Student DB (done: estimated on PostgreSQL)"
@@ -112,6 +119,11 @@ pub fn in_flight_limit(limit: usize) {
 /// Sets whether commits wake this relay now, or only its poll does.
 pub fn wakeups_listening(listening: bool) {
     metrics::gauge!(WAKEUPS_LISTENING).set(if listening { 1.0 } else { 0.0 });
+}
+
+/// Counts one loss of this relay's wake-ups (see [`WAKEUP_LOSSES`]).
+pub fn wakeup_lost() {
+    metrics::counter!(WAKEUP_LOSSES).increment(1);
 }
 
 /// Times one call to Users.

@@ -102,7 +102,8 @@ struct Signal {
     /// Whether commits wake the relay now (false while lost wake-ups are being brought
     /// back).
     listening: Arc<AtomicBool>,
-    /// How many times the relay was left polling only ([`Wakeup::losses`]).
+    /// How many times the relay was left polling only ([`Wakeup::losses`]; the process's
+    /// relays together count them in `relay_wakeup_losses_total` too).
     losses: Arc<AtomicU64>,
 }
 
@@ -139,6 +140,7 @@ impl Signal {
     /// Records that the relay is left polling only until lost or failed wake-ups are back.
     fn lost(&self) {
         self.losses.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::wakeup_lost();
         self.set_listening(false);
     }
 }

@@ -29,8 +29,8 @@ use crate::{
             assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
         },
         metrics::{
-            alert_test_series, exported_names, has_label_value, label_names, ops_expressions,
-            promql_names, sample, scrape,
+            alert_test_series, exported_names, gauge, has_label_value, label_names,
+            ops_expressions, promql_names, sample, scrape,
         },
         stack::{LINK_DEADLINE, Stack},
         student_request,
@@ -255,6 +255,9 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         f64::from(relay::RunConfig::default().concurrency),
         "{relay}"
     );
+    // Its wake-ups never lost, and the counter there to say so from the start.
+    assert_eq!(gauge(&relay, "relay_wakeups_listening"), 1.0, "{relay}");
+    assert_eq!(gauge(&relay, "relay_wakeup_losses_total"), 0.0, "{relay}");
     // The three answers were recorded in finalize batches, none of them row by row.
     let batches = |path| sample(&relay, "relay_finalize_batches_total", &[("path", path)]);
     assert!(batches("alone") + batches("set") >= 1.0, "{relay}");

@@ -865,6 +865,7 @@ async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(ba
         stack.wait_until_all_linked(linked as u64 + 1).await;
         let relay_metrics = stack.metrics_addr(&format!("relay-{relay}")).await;
         let listening = || wakeups_listening(relay_metrics);
+        let losses = || async { gauge(&scrape(relay_metrics).await, "relay_wakeup_losses_total") };
 
         stack.create_students(linked + 1..linked + 2).await;
         // Read after the commit: the student was committed while nothing woke the relay.
@@ -877,6 +878,8 @@ async fn a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed(ba
             (listening().await == 1.0).then_some(())
         })
         .await;
+        // One loss, however many tries it took to end.
+        assert_eq!(losses().await, 1.0, "{lose}");
         stack.wait_until_all_linked(linked as u64 + 2).await;
         let log = stack.relay_log_of(relay);
         let said = |line: &str| {

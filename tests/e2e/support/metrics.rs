@@ -59,8 +59,9 @@ pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     matching.first().copied().unwrap_or(0.0)
 }
 
-/// The value of the gauge `name`, which has no labels; panics if it is not exported, where
-/// [`sample`]'s 0 would pass for a gauge that was never set.
+/// The value of the gauge `name`, which has no labels (or of a counter exported from the
+/// start); panics if it is not exported, where [`sample`]'s 0 would pass for a gauge that
+/// was never set.
 pub fn gauge(text: &str, name: &str) -> f64 {
     assert!(
         exported_names(text).contains(name),
