@@ -14,10 +14,14 @@
 //! only a key Users never executed (`NOT_IN_INBOX`) or a saved rejection lets the row take
 //! a new key.
 //!
-//! A row Users refused as *expired* (its key older than Users' inbox retention) is never
-//! redriven without `--new-key`, and the tool says what to check first: Users no longer
-//! keeps the old key, so the replay-only question cannot tell "never executed" from
-//! "executed and purged".
+//! A key older than Users' inbox retention that is not in its inbox may have run and been
+//! purged: Users answers the question `DELIVERY_EXPIRED`, not `NOT_IN_INBOX`. A row Users
+//! refused so (`expired`) is never redriven without `--new-key`, and the tool says what to
+//! do: a change may take a new key (Users applies each student version at most once); for
+//! a create-user row the operator checks first whether the student has a user. So a
+//! create-user row with `--new-key` takes a new key on that answer only if it already
+//! failed as `expired` (the advice was given); any other is recorded as `expired` and gets
+//! the advice.
 //!
 //! The question is safe to ask: a `failed` row is held by no relay, and every send ends
 //! inside its lease, so no call with the old key is still on its way to Users.
@@ -26,7 +30,7 @@ use std::io::Write;
 
 use sea_orm::DatabaseConnection;
 use student_store::{
-    effect::Effect,
+    effect::{CREATE_USER, Effect},
     entity::outbox::{self as outbox_row, FailureKind},
     outbox::{self, Delivered, RecordError},
 };
@@ -36,7 +40,10 @@ use uuid::Uuid;
 
 use platform::status::code_name;
 
-use crate::users_client::{Key, UsersClient, row_trace, was_replayed};
+use crate::{
+    classify::DELIVERY_EXPIRED,
+    users_client::{Key, UsersClient, row_trace, was_replayed},
+};
 
 /// Which failed rows to redrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,12 +79,16 @@ impl RetrySummary {
 
 /// What Users' inbox says about a failed row's old key.
 enum OldKey {
-    /// Never executed (or purged): a new key starts the operation afresh.
+    /// Never executed: a new key starts the operation afresh. (A key young enough for
+    /// Users to still keep it, had it run: Users answers an older one [`OldKey::Unknowable`].)
     NotExecuted,
     /// Executed and rejected: nothing was created, a new key is a new operation.
     Rejected,
     /// Executed: the user was created (or changed) for this row.
     Executed(Delivered),
+    /// Older than Users keeps keys, and not in its inbox: never executed, or executed and
+    /// purged. Users cannot tell; the message is its.
+    Unknowable(String),
 }
 
 /// Requeues the selected failed rows, printing one line per row and a summary line.
@@ -156,7 +167,24 @@ pub async fn retry_failed(
                     }
                 }
             }
-            Ok(OldKey::NotExecuted | OldKey::Rejected) => {
+            // A change may take a new key whatever became of the old one: Users applies each
+            // student version at most once, so a version it applied already is answered
+            // `applied=false` and the row recorded synced. A create-user row may only after
+            // the operator's check, which the advice for expired rows asks for: a row failed
+            // as `expired` had it; any other is recorded as expired and gets the advice.
+            Ok(OldKey::Unknowable(message))
+                if row.effect_type == CREATE_USER
+                    && row.failure_kind != Some(FailureKind::Expired) =>
+            {
+                if outbox::mark_expired(db, &row, DELIVERY_EXPIRED, &message).await? {
+                    writeln!(out, "{line} skipped: {}", expired_advice(&row))?;
+                    summary.skipped += 1;
+                } else {
+                    writeln!(out, "{line} changed while retrying; left as it is")?;
+                    summary.errors += 1;
+                }
+            }
+            Ok(OldKey::NotExecuted | OldKey::Rejected | OldKey::Unknowable(_)) => {
                 let fresh = Uuid::new_v4().to_string();
                 if outbox::redrive(db, &row, &fresh).await? {
                     writeln!(
@@ -180,22 +208,27 @@ pub async fn retry_failed(
     Ok(summary)
 }
 
-/// What an operator must check before giving an expired row a new key: Users no longer
-/// keeps the old key, so neither it nor this tool can tell whether the effect took place.
+/// What an operator must do with an expired row: Users no longer keeps the old key, so
+/// neither it nor this tool can tell whether the effect took place. For a create-user row
+/// that matters (a new key would be a second operation), so the operator checks first; a
+/// change is safe under a new key.
 fn expired_advice(row: &outbox_row::Model) -> String {
-    let effect = match row.effect_type.as_str() {
-        "create-user" => "has a user (GetUser, or users.student_id in the Users DB)".to_owned(),
-        _ => format!(
-            "has a user already at source_version {} or later",
+    const UNKNOWABLE: &str =
+        "expired; Users no longer keeps keys this old, so it cannot tell whether this one ran.";
+    if row.effect_type == CREATE_USER {
+        format!(
+            "{UNKNOWABLE} Check whether student {} has a user (users.student_id in the Users \
+             DB): if it does, leave the row failed (or fix the link by hand); if not, use \
+             --new-key",
+            row.aggregate_id
+        )
+    } else {
+        format!(
+            "{UNKNOWABLE} Use --new-key: Users applies each student version at most once, so \
+             a new key cannot apply version {} twice",
             row.aggregate_version
-        ),
-    };
-    format!(
-        "expired; Users no longer keeps keys this old, so it cannot tell whether this one ran. \
-         Check whether student {} {effect}: if it does, leave the row failed (or fix the \
-         link by hand); if not, use --new-key",
-        row.aggregate_id
-    )
+        )
+    }
 }
 
 /// Asks Users, replay-only (it can never execute), what the row's key got.
@@ -214,6 +247,9 @@ async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Resu
                 && platform::status::reason(&status).as_deref() == Some("NOT_IN_INBOX") =>
         {
             Ok(OldKey::NotExecuted)
+        }
+        Err(status) if platform::status::reason(&status).as_deref() == Some(DELIVERY_EXPIRED) => {
+            Ok(OldKey::Unknowable(status.message().to_owned()))
         }
         // The key's saved answer is a rejection: nothing was created under it.
         Err(status) if was_replayed(&status) => Ok(OldKey::Rejected),

@@ -630,11 +630,19 @@ pub async fn release(
 /// `key`: its own (the same operation, tried again) or a fresh one (a new operation).
 /// Returns false, changing nothing, if the row is no longer `failed` with the key it was
 /// read with.
+///
+/// In the same transaction the student's later rows, held back behind the failed one, get
+/// their keys dated now: none of them was ever sent (a student's rows go to Users one at a
+/// time, in order, and this one never finished; and a claim counts an attempt, given back
+/// only with a row handed back unsent, so each has none), so Users cannot have executed
+/// and purged them, yet after a long failure their keys look older than Users keeps keys,
+/// and each would be refused as `expired` in turn.
 pub async fn redrive(
     db: &DatabaseConnection,
     row: &outbox::Model,
     key: &str,
 ) -> Result<bool, DbErr> {
+    let txn = begin_write(db).await?;
     let redriven = outbox::Entity::update_many()
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
         .col_expr(outbox::Column::IdempotencyKey, Expr::value(key.to_owned()))
@@ -662,9 +670,52 @@ pub async fn redrive(
         .filter(outbox::Column::Id.eq(row.id))
         .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
         .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
+        .exec(&txn)
+        .await?;
+    if redriven.rows_affected != 1 {
+        return Ok(false);
+    }
+    outbox::Entity::update_many()
+        .col_expr(outbox::Column::KeyCreatedAt, Expr::value(Some(now())))
+        .filter(outbox::Column::AggregateId.eq(row.aggregate_id))
+        .filter(outbox::Column::AggregateVersion.gt(row.aggregate_version))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+        .filter(outbox::Column::Attempts.eq(0))
+        .exec(&txn)
+        .await?;
+    txn.commit().await?;
+    Ok(true)
+}
+
+/// Records that a `failed` row's key is past Users' inbox horizon (`relay retry-failed`
+/// found out asking about it): it fails as `expired` from now on, with Users' `reason`
+/// and `message`, so what is advised for expired rows applies to it. Returns false,
+/// changing nothing, if the row is no longer `failed` with the key it was read with.
+pub async fn mark_expired(
+    db: &DatabaseConnection,
+    row: &outbox::Model,
+    reason: &str,
+    message: &str,
+) -> Result<bool, DbErr> {
+    let marked = outbox::Entity::update_many()
+        .col_expr(
+            outbox::Column::FailureKind,
+            Expr::value(Some(FailureKind::Expired)),
+        )
+        .col_expr(
+            outbox::Column::ErrorCode,
+            Expr::value(Some(reason.to_owned())),
+        )
+        .col_expr(
+            outbox::Column::LastError,
+            Expr::value(Some(message.to_owned())),
+        )
+        .filter(outbox::Column::Id.eq(row.id))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
+        .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
         .exec(db)
         .await?;
-    Ok(redriven.rows_affected == 1)
+    Ok(marked.rows_affected == 1)
 }
 
 /// Deletes the `done` rows finished more than `retention` ago, oldest first, in batches of

@@ -26,7 +26,35 @@ on_both_backends!(
     an_exhausted_row_whose_user_was_disabled_meanwhile_gets_no_second_user,
     an_exhausted_update_users_applied_is_recorded_as_synced_and_the_next_change_follows,
     an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_change_follows,
+    an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly,
+    an_expired_update_takes_a_new_key_and_the_next_change_follows,
+    an_exhausted_update_whose_key_users_purged_takes_a_new_key_at_once,
 );
+
+/// Restarts Users keeping keys for two seconds, and waits until it has purged every key it
+/// held: each key of the test is then older than Users keeps keys (an entry is younger
+/// than its key, and only entries past the retention are purged).
+async fn users_forgets_every_key(stack: &mut Stack) {
+    stack
+        .restart_users_with(
+            None,
+            &["--inbox-retention", "2s", "--inbox-purge-interval", "100ms"],
+        )
+        .await;
+    eventually("Users to purge its inbox", LINK_DEADLINE, || async {
+        (users_and_inbox_rows(&stack.users_db).await.1 == 0).then_some(())
+    })
+    .await;
+}
+
+/// Runs `relay retry-failed ARGS` and returns its exit code and what it printed.
+fn retry_failed_exit(stack: &Stack, args: &[&str]) -> (Option<i32>, String) {
+    let output = stack.relay_command(&[&["retry-failed"], args].concat());
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
 
 /// Leaves one student whose row failed `exhausted` although Users created its user.
 async fn exhaust_a_row_users_executed(stack: &mut Stack) -> outbox::Model {
@@ -252,4 +280,151 @@ async fn an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_
         )
     );
     assert_changes_applied_once(&mut stack, &id).await;
+}
+
+/// The worst luck, and then Users purged the key: asked about the old key, Users can no
+/// longer tell "never executed" from "executed and purged" (`DELIVERY_EXPIRED`, not
+/// `NOT_IN_INBOX`), so `--new-key` does not give the row a new key, which would be refused
+/// for the document number the student's own user holds (or, that user disabled, create a
+/// second one). The row is recorded as `expired` and the operator told what to check; a
+/// later `--new-key`, after that check, re-keys it (`operations::retention_…`).
+async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let failed = exhaust_a_row_users_executed(&mut stack).await;
+    users_forgets_every_key(&mut stack).await;
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &failed.id.to_string(), "--new-key"]);
+    assert_eq!(
+        (code, stdout),
+        (
+            Some(1),
+            format!(
+                "id={} key={} skipped: expired; Users no longer keeps keys this old, so it \
+                 cannot tell whether this one ran. Check whether student {} has a user \
+                 (users.student_id in the Users DB): if it does, leave the row failed (or fix \
+                 the link by hand); if not, use --new-key\n\
+                 requeued=0 linked=0 skipped=1 errors=0\n",
+                failed.id, failed.idempotency_key, failed.aggregate_id
+            )
+        )
+    );
+    let row = stack.outbox_rows().await.remove(0);
+    assert_eq!(
+        (
+            row.status,
+            row.idempotency_key.as_str(),
+            row.failure_kind,
+            row.error_code.as_deref()
+        ),
+        (
+            OutboxStatus::Failed,
+            failed.idempotency_key.as_str(),
+            Some(FailureKind::Expired),
+            Some("DELIVERY_EXPIRED")
+        ),
+        "failed as expired, under its own key"
+    );
+    let student = student_of(&stack, &failed).await;
+    assert_eq!(student.user_link_status(), UserLinkStatus::Failed);
+    assert!(
+        student.link_error.starts_with("DELIVERY_EXPIRED: "),
+        "{}",
+        student.link_error
+    );
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (1, 0),
+        "the one user, and no new key tried"
+    );
+}
+
+/// A change whose key Users purged is safe under a new key: Users applies each student
+/// version at most once. The update Users applied (its answer lost), requeued with its own
+/// key after Users forgot it, fails as `expired`; `retry-failed` says to use `--new-key`,
+/// which re-keys it (Users answers `applied=false`), and the deactivation behind it follows.
+async fn an_expired_update_takes_a_new_key_and_the_next_change_follows(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let (id, failed, _) = exhaust_an_update_users_applied(&mut stack).await;
+    users_forgets_every_key(&mut stack).await;
+    retry_failed(&stack, &["--id", &failed.id.to_string()]);
+    let expired = eventually("Users to refuse the old key", LINK_DEADLINE, || async {
+        let row = stack
+            .outbox_rows()
+            .await
+            .into_iter()
+            .find(|row| row.id == failed.id)?;
+        (row.status == OutboxStatus::Failed).then_some(row)
+    })
+    .await;
+    assert_eq!(expired.failure_kind, Some(FailureKind::Expired));
+    let (code, stdout) = retry_failed_exit(&stack, &["--all"]);
+    assert_eq!(
+        (code, stdout),
+        (
+            Some(1),
+            format!(
+                "id={} key={} skipped: expired; Users no longer keeps keys this old, so it \
+                 cannot tell whether this one ran. Use --new-key: Users applies each student \
+                 version at most once, so a new key cannot apply version {} twice\n\
+                 requeued=0 linked=0 skipped=1 errors=0\n",
+                failed.id, failed.idempotency_key, failed.aggregate_version
+            )
+        )
+    );
+    rekey_and_apply_each_change_once(&mut stack, &failed, id).await;
+}
+
+/// The same update, exhausted and past Users' horizon, given a new key at once: a change
+/// needs no check first, whatever became of its old key.
+async fn an_exhausted_update_whose_key_users_purged_takes_a_new_key_at_once(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let (id, failed, _) = exhaust_an_update_users_applied(&mut stack).await;
+    users_forgets_every_key(&mut stack).await;
+    rekey_and_apply_each_change_once(&mut stack, &failed, id).await;
+}
+
+/// `retry-failed --all --new-key` gives the failed update `failed` a new key; then the
+/// update and the deactivation behind it reach Users once each, in order, to the one user
+/// (checked without a replay or the inbox: Users keeps no key that long).
+async fn rekey_and_apply_each_change_once(stack: &mut Stack, failed: &outbox::Model, id: String) {
+    let stdout = retry_failed(stack, &["--all", "--new-key"]);
+    assert!(
+        stdout.contains(&format!(
+            "requeued (new key; was {})",
+            failed.idempotency_key
+        )) && stdout.ends_with("requeued=1 linked=0 skipped=0 errors=0\n"),
+        "{stdout}"
+    );
+    stack.wait_until_all_synced(1).await;
+    stack.stop_relays(std::time::Duration::from_secs(15));
+    stack.assert_audit_clean(1);
+    let student = stack
+        .student_client()
+        .get_student(GetStudentRequest { id })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(
+        (student.version, student.synced_version, student.active),
+        (3, 3, false)
+    );
+    let users = users::Entity::find()
+        .all(&stack.users_db)
+        .await
+        .expect("users");
+    assert_eq!(users.len(), 1, "one user");
+    assert_eq!(
+        (
+            users[0].id.to_string(),
+            users[0].student_id.to_string(),
+            users[0].source_version,
+            users[0].enabled
+        ),
+        (student.user_id, student.id, 3, false)
+    );
 }

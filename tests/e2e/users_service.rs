@@ -101,6 +101,38 @@ async fn a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_
         status.message()
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+    // Asked replay-only, the same: not NOT_FOUND ("never executed", on which
+    // `relay retry-failed --new-key` re-keys), since Users cannot tell. A replay-only
+    // question about an old key it holds gets the saved answer.
+    let replay_only = |mut request: Request<CreateUserRequest>| {
+        request.metadata_mut().insert(
+            "idempotency-replay-only",
+            "true".parse().expect("ASCII metadata"),
+        );
+        request
+    };
+    let asked = users
+        .create_user(replay_only(issued_at(other.clone(), &hours_ago(2))))
+        .await
+        .expect_err("expired, replay-only too");
+    assert_eq!(
+        (asked.code(), platform::status::reason(&asked).as_deref()),
+        (Code::FailedPrecondition, Some("DELIVERY_EXPIRED"))
+    );
+    let known = users
+        .create_user(replay_only(issued_at(request("key-1"), &hours_ago(2))))
+        .await
+        .expect("answered from the inbox");
+    assert_eq!(known.into_inner().user_id, created);
+    let young = users
+        .create_user(replay_only(issued_at(other.clone(), &hours_ago(0))))
+        .await
+        .expect_err("a young key it does not hold never ran");
+    assert_eq!(
+        (young.code(), platform::status::reason(&young).as_deref()),
+        (Code::NotFound, Some("NOT_IN_INBOX"))
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
     // The same request with a young key runs.
     users
         .create_user(issued_at(other, &hours_ago(0)))

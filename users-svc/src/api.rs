@@ -45,9 +45,9 @@ impl UsersApi {
         }
     }
 
-    /// How a keyed request may be answered: [`Mode::ReplayOnly`] when it carries
-    /// `idempotency-replay-only: true`; [`Mode::Expired`] when its
-    /// `idempotency-key-created-at` lies further back than the inbox keeps keys; else
+    /// How a keyed request may be answered: [`Mode::Expired`] when its
+    /// `idempotency-key-created-at` lies further back than the inbox keeps keys;
+    /// [`Mode::ReplayOnly`] when it carries `idempotency-replay-only: true`; else
     /// [`Mode::Execute`]. A malformed time is refused, naming the metadata entry.
     fn mode<T>(&self, request: &Request<T>) -> Result<Mode, Status> {
         let metadata = request.metadata();
@@ -72,16 +72,19 @@ impl UsersApi {
     }
 
     /// The [`Mode`] of a key issued at `issued_at` (unknown: `None`).
+    ///
+    /// The key's age is judged first, replay-only or not: a replay-only question about a
+    /// key past the horizon that the inbox does not hold must not be answered `NOT_IN_INBOX`
+    /// ("never executed", on which `relay retry-failed --new-key` gives the row a new key),
+    /// since the entry may have been purged. [`Mode::Expired`] executes nothing either.
     fn mode_of(&self, replay_only: bool, issued_at: Option<DateTime<Utc>>) -> Mode {
-        if replay_only {
-            return Mode::ReplayOnly;
-        }
         let horizon = platform::db::now() - self.inbox_retention;
         match issued_at {
             Some(issued_at) if issued_at < horizon => Mode::Expired(KeyAge {
                 issued_at,
                 retention: self.inbox_retention,
             }),
+            _ if replay_only => Mode::ReplayOnly,
             _ => Mode::Execute,
         }
     }
