@@ -141,23 +141,23 @@ impl ReplayArgs {
 }
 
 /// Runs the parsed command line and returns the process exit code.
+///
+/// Only the commands that call Users read its settings (`run`, `replay`, `audit`,
+/// `retry-failed`, each first thing): `status`, `show` and `purge` need the Student DB
+/// alone, and work with a Users CA file that cannot be read.
 pub async fn execute(cli: Cli) -> ExitCode {
-    let users = match cli.users_connection() {
-        Ok(users) => users,
-        Err(err) => return fail(&err),
-    };
     let result = match &cli.command {
         None => match RunConfig::from_env() {
-            Ok(config) => run(&cli, &users, config).await,
+            Ok(config) => run(&cli, config).await,
             Err(err) => err.exit(),
         },
-        Some(Command::Run(config)) => run(&cli, &users, config.clone()).await,
-        Some(Command::Replay(args)) => replay(&cli.database_url, &users, &args.selection()).await,
+        Some(Command::Run(config)) => run(&cli, config.clone()).await,
+        Some(Command::Replay(args)) => replay(&cli, &args.selection()).await,
         Some(Command::Status) => status(&cli.database_url).await,
         Some(Command::Show(args)) => show(&cli.database_url, args.student).await,
-        Some(Command::Audit) => audit(&cli.database_url, &users).await,
+        Some(Command::Audit) => audit(&cli).await,
         Some(Command::Purge) => purge(&cli.database_url, cli.retain_done).await,
-        Some(Command::RetryFailed(args)) => retry(&cli.database_url, &users, args).await,
+        Some(Command::RetryFailed(args)) => retry(&cli, args).await,
     };
     result.unwrap_or_else(|err| fail(&err))
 }
@@ -169,6 +169,11 @@ fn fail(err: &anyhow::Error) -> ExitCode {
 }
 
 impl Cli {
+    /// A client of Users for a one-shot command, with the default call timeout.
+    fn users_client(&self) -> anyhow::Result<UsersClient> {
+        UsersClient::connect(&self.users_connection()?, RunConfig::default().call_timeout)
+    }
+
     /// How to reach Users, reading the CA file if one is given.
     fn users_connection(&self) -> anyhow::Result<UsersConnection> {
         let ca_pem = self
@@ -186,7 +191,8 @@ impl Cli {
     }
 }
 
-async fn run(cli: &Cli, users: &UsersConnection, config: RunConfig) -> anyhow::Result<ExitCode> {
+async fn run(cli: &Cli, config: RunConfig) -> anyhow::Result<ExitCode> {
+    let users = &cli.users_connection()?;
     config.validate()?;
     let database_url = cli.database_url.as_str();
     let shutdown = platform::shutdown::on_signal()?;
@@ -226,13 +232,9 @@ async fn run(cli: &Cli, users: &UsersConnection, config: RunConfig) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
-async fn replay(
-    database_url: &str,
-    users: &UsersConnection,
-    selection: &replay::Selection,
-) -> anyhow::Result<ExitCode> {
-    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
-    let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
+async fn replay(cli: &Cli, selection: &replay::Selection) -> anyhow::Result<ExitCode> {
+    let users = cli.users_client()?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(&cli.database_url).await?;
     let mut out = std::io::stdout().lock();
     let summary = replay::replay(&db, &users, selection, &mut out).await?;
     out.flush()?;
@@ -266,22 +268,18 @@ async fn purge(database_url: &str, retain_done: std::time::Duration) -> anyhow::
     Ok(ExitCode::SUCCESS)
 }
 
-async fn audit(database_url: &str, users: &UsersConnection) -> anyhow::Result<ExitCode> {
-    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
-    let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
+async fn audit(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let users = cli.users_client()?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(&cli.database_url).await?;
     let mut out = std::io::stdout().lock();
     let summary = audit::audit(&db, &users, &mut out).await?;
     out.flush()?;
     Ok(ExitCode::from(summary.exit_code()))
 }
 
-async fn retry(
-    database_url: &str,
-    users: &UsersConnection,
-    args: &RetryFailedArgs,
-) -> anyhow::Result<ExitCode> {
-    let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
-    let users = UsersClient::connect(users, RunConfig::default().call_timeout)?;
+async fn retry(cli: &Cli, args: &RetryFailedArgs) -> anyhow::Result<ExitCode> {
+    let users = cli.users_client()?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(&cli.database_url).await?;
     let selection = match args.rows.id {
         Some(id) => retry_failed::Selection::Id(id),
         None => retry_failed::Selection::All,

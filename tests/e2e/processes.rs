@@ -121,11 +121,30 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
         String::from_utf8_lossy(&status.stdout),
         "pending 0\nprocessing 0\ndone 20\nfailed 0\noldest_pending_age_seconds 0\nretrying 0\nblocked 0\n"
     );
+    // `status`, `show` (below) and `purge` need the Student DB alone: a Users CA file that
+    // cannot be read does not stop them; a command that calls Users names it.
+    let no_ca = [("USERS_TLS_CA", "/nonexistent/users-ca.pem")];
+    let without_ca = stack.relay_command_with(&["status"], &no_ca);
+    assert_eq!(
+        (without_ca.status.code(), &without_ca.stdout),
+        (Some(0), &status.stdout)
+    );
+    let purge = stack.relay_command_with(&["purge"], &no_ca);
+    assert_eq!(
+        (purge.status.code(), String::from_utf8_lossy(&purge.stdout)),
+        (Some(0), "purged=0\n".into())
+    );
+    let needs_ca = stack.relay_command_with(&["replay", "--all"], &no_ca);
+    assert_eq!(needs_ca.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&needs_ca.stderr).contains("cannot read /nonexistent/users-ca.pem"),
+        "{needs_ca:?}"
+    );
 
     // `relay show`: one student's rows as stored, its payload (personal data) left out.
     let row = stack.outbox_rows().await.remove(0);
     let student = row.aggregate_id.to_string();
-    let show = stack.relay_command(&["show", "--student", &student]);
+    let show = stack.relay_command_with(&["show", "--student", &student], &no_ca);
     let shown = String::from_utf8_lossy(&show.stdout);
     assert_eq!(show.status.code(), Some(0), "{shown}");
     let fields: Vec<(&str, &str)> = shown
