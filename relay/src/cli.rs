@@ -96,6 +96,12 @@ pub struct RetryFailedArgs {
     /// old key Users did execute is linked to that user and marked done instead.
     #[arg(long)]
     pub new_key: bool,
+    /// Link this user (its id) to the student of the failed create-user row `--id` names,
+    /// and mark the row done: for a row whose old key Users can no longer judge (expired),
+    /// once an operator found the user Users holds for the student. Users is asked first:
+    /// the user must exist and name that student.
+    #[arg(long, requires = "id", conflicts_with_all = ["new_key", "all"])]
+    pub link_user: Option<Uuid>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -285,8 +291,12 @@ async fn retry(cli: &Cli, args: &RetryFailedArgs) -> anyhow::Result<ExitCode> {
         None => retry_failed::Selection::All,
     };
     let mut out = std::io::stdout().lock();
-    let summary =
-        retry_failed::retry_failed(&db, &users, selection, args.new_key, &mut out).await?;
+    let summary = match (selection, args.link_user) {
+        (retry_failed::Selection::Id(id), Some(user_id)) => {
+            retry_failed::link_user(&db, &users, id, user_id, &mut out).await?
+        }
+        _ => retry_failed::retry_failed(&db, &users, selection, args.new_key, &mut out).await?,
+    };
     out.flush()?;
     Ok(ExitCode::from(summary.exit_code()))
 }

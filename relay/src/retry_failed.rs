@@ -21,7 +21,7 @@
 //! a create-user row the operator checks first whether the student has a user. So a
 //! create-user row with `--new-key` takes a new key on that answer only if it already
 //! failed as `expired` (the advice was given); any other is recorded as `expired` and gets
-//! the advice.
+//! the advice. A student that has a user is linked to it with `--link-user` ([`link_user`]).
 //!
 //! The question is safe to ask: a `failed` row is held by no relay, and every send ends
 //! inside its lease, so no call with the old key is still on its way to Users.
@@ -200,6 +200,71 @@ pub async fn retry_failed(
             }
         }
     }
+    finish(summary, out)
+}
+
+/// Links `user_id` to the student of the failed create-user row `id` and marks the row
+/// `done` (`retry-failed --id N --link-user U`): the end of the advice for an expired row
+/// whose student has a user in Users, which no key can find any more. Users is asked
+/// first: the user must exist and name the row's student; the link is recorded as a
+/// delivery found in the inbox would be (fenced by the row's status and key, never over
+/// another link).
+pub async fn link_user(
+    db: &DatabaseConnection,
+    users: &UsersClient,
+    id: i64,
+    user_id: Uuid,
+    out: &mut impl Write,
+) -> anyhow::Result<RetrySummary> {
+    let mut summary = RetrySummary::default();
+    let Some(row) = outbox::failed_rows(db, Some(id)).await?.pop() else {
+        writeln!(out, "no failed outbox row has id {id}")?;
+        summary.errors += 1;
+        return finish(summary, out);
+    };
+    let line = format!("id={} key={}", row.id, row.idempotency_key);
+    let student = row.aggregate_id.to_string();
+    let refusal = if row.effect_type == CREATE_USER {
+        match users.get_user(user_id).await {
+            Err(status) => Some(format!(
+                "cannot ask Users about user={user_id}: {}: {}",
+                code_name(status.code()),
+                status.message()
+            )),
+            Ok(None) => Some(format!("Users has no user {user_id}")),
+            Ok(Some(user)) if user.student_id != student => Some(format!(
+                "user={user_id} belongs to student {}, not {student}",
+                user.student_id
+            )),
+            Ok(Some(_)) => None,
+        }
+    } else {
+        Some("only a create-user row links a user; a change takes --new-key".to_owned())
+    };
+    if let Some(refusal) = refusal {
+        writeln!(out, "{line} not linked: {refusal}")?;
+        summary.errors += 1;
+        return finish(summary, out);
+    }
+    match outbox::record_found_in_inbox(db, &row, Delivered::UserCreated(user_id)).await {
+        Ok(()) => {
+            writeln!(
+                out,
+                "{line} linked user={user_id}: Users holds it for this student; not re-keyed"
+            )?;
+            summary.linked += 1;
+        }
+        Err(RecordError::Db(err)) => return Err(err.into()),
+        Err(err) => {
+            writeln!(out, "{line} not linked: {err}")?;
+            summary.errors += 1;
+        }
+    }
+    finish(summary, out)
+}
+
+/// Prints the summary line and returns the summary.
+fn finish(summary: RetrySummary, out: &mut impl Write) -> anyhow::Result<RetrySummary> {
     writeln!(
         out,
         "requeued={} linked={} skipped={} errors={}",
@@ -218,8 +283,7 @@ fn expired_advice(row: &outbox_row::Model) -> String {
     if row.effect_type == CREATE_USER {
         format!(
             "{UNKNOWABLE} Check whether student {} has a user (users.student_id in the Users \
-             DB): if it does, leave the row failed (or fix the link by hand); if not, use \
-             --new-key",
+             DB): if it does, link it with --link-user USER_ID; if not, use --new-key",
             row.aggregate_id
         )
     } else {

@@ -952,8 +952,8 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
         format!(
             "id={} key={} skipped: expired; Users no longer keeps keys this old, so it cannot \
              tell whether this one ran. Check whether student {waiting} has a user \
-             (users.student_id in the Users DB): if it does, leave the row failed (or fix the \
-             link by hand); if not, use --new-key",
+             (users.student_id in the Users DB): if it does, link it with --link-user \
+             USER_ID; if not, use --new-key",
             expired.id, expired.idempotency_key
         )
     );

@@ -15,7 +15,7 @@ use crate::{
     crash_matrix::{a_student_with_two_changes_waiting, assert_changes_applied_once},
     on_both_backends,
     support::{
-        Backend, eventually,
+        Backend, conflicting_user_request, eventually,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
         stack::{LINK_DEADLINE, Stack},
     },
@@ -302,8 +302,8 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
             format!(
                 "id={} key={} skipped: expired; Users no longer keeps keys this old, so it \
                  cannot tell whether this one ran. Check whether student {} has a user \
-                 (users.student_id in the Users DB): if it does, leave the row failed (or fix \
-                 the link by hand); if not, use --new-key\n\
+                 (users.student_id in the Users DB): if it does, link it with --link-user \
+                 USER_ID; if not, use --new-key\n\
                  requeued=0 linked=0 skipped=1 errors=0\n",
                 failed.id, failed.idempotency_key, failed.aggregate_id
             )
@@ -336,6 +336,88 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
         users_and_inbox_rows(&stack.users_db).await,
         (1, 0),
         "the one user, and no new key tried"
+    );
+
+    // The operator finds the student's user in the Users DB and links it. Users is asked
+    // first: a user it does not have, or another student's, is refused, nothing written.
+    let user = users::Entity::find()
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the student's user");
+    let other_student = conflicting_user_request(1);
+    let someone_else = stack
+        .users_client()
+        .create_user(other_student.clone())
+        .await
+        .expect("another student's user")
+        .into_inner()
+        .user_id;
+    let id = failed.id.to_string();
+    let line = format!("id={} key={}", failed.id, failed.idempotency_key);
+    let unknown = Uuid::now_v7();
+    for (user_id, refusal) in [
+        (unknown.to_string(), format!("Users has no user {unknown}")),
+        (
+            someone_else.clone(),
+            format!(
+                "user={someone_else} belongs to student {}, not {}",
+                other_student.student_id, failed.aggregate_id
+            ),
+        ),
+    ] {
+        let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--link-user", &user_id]);
+        assert_eq!(
+            (code, stdout),
+            (
+                Some(2),
+                format!("{line} not linked: {refusal}\nrequeued=0 linked=0 skipped=0 errors=1\n")
+            )
+        );
+    }
+    // One row, named: never with --all or --new-key.
+    for other in ["--all", "--new-key"] {
+        let refused =
+            stack.relay_command(&["retry-failed", other, "--link-user", &user.id.to_string()]);
+        assert_eq!(refused.status.code(), Some(2), "{other}");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("cannot be used with"),
+            "{other}: {refused:?}"
+        );
+    }
+    assert_eq!(
+        stack.outbox_rows().await.remove(0).status,
+        OutboxStatus::Failed
+    );
+    let stdout = retry_failed(&stack, &["--id", &id, "--link-user", &user.id.to_string()]);
+    assert_eq!(
+        stdout,
+        format!(
+            "{line} linked user={}: Users holds it for this student; not re-keyed\n\
+             requeued=0 linked=1 skipped=0 errors=0\n",
+            user.id
+        )
+    );
+    let row = stack.outbox_rows().await.remove(0);
+    assert_eq!(
+        (row.status, row.idempotency_key.as_str(), row.failure_kind),
+        (OutboxStatus::Done, failed.idempotency_key.as_str(), None)
+    );
+    let student = student_of(&stack, &failed).await;
+    assert_eq!(
+        (student.user_link_status(), student.user_id),
+        (UserLinkStatus::Linked, user.id.to_string())
+    );
+    stack.assert_audit_clean(1);
+    // Only a failed row's student is linked so.
+    let (code, stdout) =
+        retry_failed_exit(&stack, &["--id", &id, "--link-user", &user.id.to_string()]);
+    assert_eq!(
+        (code, stdout),
+        (
+            Some(2),
+            format!("no failed outbox row has id {id}\nrequeued=0 linked=0 skipped=0 errors=1\n")
+        )
     );
 }
 
