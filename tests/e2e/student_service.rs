@@ -247,16 +247,6 @@ async fn invalid_create_student_fields_are_named_and_nothing_is_stored(backend: 
             "invalid last_name: must not contain control characters",
         ),
         (
-            "first_name",
-            |r| r.first_name = "\u{202e}anA".into(),
-            "invalid first_name: must not contain control characters",
-        ),
-        (
-            "email",
-            |r| r.email = "ana\u{202e}@example.edu".into(),
-            "invalid email: must not contain control characters",
-        ),
-        (
             "email",
             |r| r.email = "ana.example.edu".into(),
             "invalid email: must be an e-mail address like name@example.org",
