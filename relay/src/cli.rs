@@ -96,11 +96,16 @@ pub struct RetryFailedArgs {
     /// old key Users did execute is linked to that user and marked done instead.
     #[arg(long)]
     pub new_key: bool,
+    /// With --new-key and --id: the row is a create-user row whose old key Users can no
+    /// longer judge (expired), and an operator checked that its student has no user in
+    /// Users; it takes a new key. Without it such a row is skipped with that advice.
+    #[arg(long, requires_all = ["new_key", "id"])]
+    pub checked_no_user: bool,
     /// Link this user (its id) to the student of the failed create-user row `--id` names,
     /// and mark the row done: for a row whose old key Users can no longer judge (expired),
     /// once an operator found the user Users holds for the student. Users is asked first:
     /// the user must exist and name that student.
-    #[arg(long, requires = "id", conflicts_with_all = ["new_key", "all"])]
+    #[arg(long, requires = "id", conflicts_with_all = ["new_key", "all", "checked_no_user"])]
     pub link_user: Option<Uuid>,
 }
 
@@ -295,7 +300,14 @@ async fn retry(cli: &Cli, args: &RetryFailedArgs) -> anyhow::Result<ExitCode> {
         (retry_failed::Selection::Id(id), Some(user_id)) => {
             retry_failed::link_user(&db, &users, id, user_id, &mut out).await?
         }
-        _ => retry_failed::retry_failed(&db, &users, selection, args.new_key, &mut out).await?,
+        _ => {
+            let keys = match (args.new_key, args.checked_no_user) {
+                (false, _) => retry_failed::Keys::Keep,
+                (true, false) => retry_failed::Keys::New,
+                (true, true) => retry_failed::Keys::NewCheckedNoUser,
+            };
+            retry_failed::retry_failed(&db, &users, selection, keys, &mut out).await?
+        }
     };
     out.flush()?;
     Ok(ExitCode::from(summary.exit_code()))

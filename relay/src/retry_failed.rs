@@ -15,13 +15,12 @@
 //! a new key.
 //!
 //! A key older than Users' inbox retention that is not in its inbox may have run and been
-//! purged: Users answers the question `DELIVERY_EXPIRED`, not `NOT_IN_INBOX`. A row Users
-//! refused so (`expired`) is never redriven without `--new-key`, and the tool says what to
-//! do: a change may take a new key (Users applies each student version at most once); for
-//! a create-user row the operator checks first whether the student has a user. So a
-//! create-user row with `--new-key` takes a new key on that answer only if it already
-//! failed as `expired` (the advice was given); any other is recorded as `expired` and gets
-//! the advice. A student that has a user is linked to it with `--link-user` ([`link_user`]).
+//! purged: Users answers the question `DELIVERY_EXPIRED`, not `NOT_IN_INBOX`. A change may
+//! then take a new key (Users applies each student version at most once); a create-user
+//! row is skipped with advice: the operator checks whether the student has a user in
+//! Users, and links it (`--link-user`, [`link_user`]) or, there being none, gives the row
+//! a new key with `--new-key --checked-no-user`. A row Users refused so (`expired`) is
+//! never redriven without `--new-key`, and the tool prints the same advice.
 //!
 //! The question is safe to ask: a `failed` row is held by no relay, and every send ends
 //! inside its lease, so no call with the old key is still on its way to Users.
@@ -87,8 +86,21 @@ enum OldKey {
     /// Executed: the user was created (or changed) for this row.
     Executed(Delivered),
     /// Older than Users keeps keys, and not in its inbox: never executed, or executed and
-    /// purged. Users cannot tell; the message is its.
-    Unknowable(String),
+    /// purged. Users cannot tell.
+    Unknowable,
+}
+
+/// What `retry-failed` may do with the selected rows' keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// Requeue `exhausted` rows with their own key (no `--new-key`).
+    Keep,
+    /// `--new-key`: a fresh key where the old one is known to have created nothing, and for
+    /// a change whatever became of it.
+    New,
+    /// `--new-key --checked-no-user`: also for a create-user row whose old key Users can no
+    /// longer judge, an operator having checked that its student has no user.
+    NewCheckedNoUser,
 }
 
 /// Requeues the selected failed rows, printing one line per row and a summary line.
@@ -96,7 +108,7 @@ pub async fn retry_failed(
     db: &DatabaseConnection,
     users: &UsersClient,
     selection: Selection,
-    new_key: bool,
+    keys: Keys,
     out: &mut impl Write,
 ) -> anyhow::Result<RetrySummary> {
     let id = match selection {
@@ -111,7 +123,7 @@ pub async fn retry_failed(
     }
     for row in rows {
         let line = format!("id={} key={}", row.id, row.idempotency_key);
-        if !new_key {
+        if keys == Keys::Keep {
             match row.failure_kind {
                 Some(FailureKind::Exhausted) => {}
                 Some(FailureKind::Expired) => {
@@ -169,22 +181,16 @@ pub async fn retry_failed(
             }
             // A change may take a new key whatever became of the old one: Users applies each
             // student version at most once, so a version it applied already is answered
-            // `applied=false` and the row recorded synced. A create-user row may only after
-            // the operator's check, which the advice for expired rows asks for: a row failed
-            // as `expired` had it; any other is recorded as expired and gets the advice.
-            Ok(OldKey::Unknowable(message))
-                if row.effect_type == CREATE_USER
-                    && row.failure_kind != Some(FailureKind::Expired) =>
+            // `applied=false` and the row recorded synced. A create-user row only on the
+            // operator's word that its student has no user (`--checked-no-user`, the advice's
+            // last step): nothing else here can tell.
+            Ok(OldKey::Unknowable)
+                if row.effect_type == CREATE_USER && keys != Keys::NewCheckedNoUser =>
             {
-                if outbox::mark_expired(db, &row, DELIVERY_EXPIRED, &message).await? {
-                    writeln!(out, "{line} skipped: {}", expired_advice(&row))?;
-                    summary.skipped += 1;
-                } else {
-                    writeln!(out, "{line} changed while retrying; left as it is")?;
-                    summary.errors += 1;
-                }
+                writeln!(out, "{line} skipped: {}", expired_advice(&row))?;
+                summary.skipped += 1;
             }
-            Ok(OldKey::NotExecuted | OldKey::Rejected | OldKey::Unknowable(_)) => {
+            Ok(OldKey::NotExecuted | OldKey::Rejected | OldKey::Unknowable) => {
                 let fresh = Uuid::new_v4().to_string();
                 if outbox::redrive(db, &row, &fresh).await? {
                     writeln!(
@@ -224,7 +230,11 @@ pub async fn link_user(
     };
     let line = format!("id={} key={}", row.id, row.idempotency_key);
     let student = row.aggregate_id.to_string();
-    let refusal = if row.effect_type == CREATE_USER {
+    let refusal = if row.effect_type != CREATE_USER {
+        Some("only a create-user row links a user; a change takes --new-key".to_owned())
+    } else if let Some(answered) = old_key_created_another(users, &row, user_id).await {
+        Some(answered)
+    } else {
         match users.get_user(user_id).await {
             Err(status) => Some(format!(
                 "cannot ask Users about user={user_id}: {}: {}",
@@ -238,8 +248,6 @@ pub async fn link_user(
             )),
             Ok(Some(_)) => None,
         }
-    } else {
-        Some("only a create-user row links a user; a change takes --new-key".to_owned())
     };
     if let Some(refusal) = refusal {
         writeln!(out, "{line} not linked: {refusal}")?;
@@ -263,6 +271,25 @@ pub async fn link_user(
     finish(summary, out)
 }
 
+/// Why `user_id` must not be linked for `row` as far as Users' inbox knows: the row's
+/// own key created another user (link that one: `--new-key` does), or Users could not be
+/// asked. `None` when the inbox has nothing against it (the key never ran, was rejected,
+/// is too old to judge, or created `user_id` itself).
+async fn old_key_created_another(
+    users: &UsersClient,
+    row: &outbox_row::Model,
+    user_id: Uuid,
+) -> Option<String> {
+    match ask_about_old_key(users, row).await {
+        Err(problem) => Some(problem),
+        Ok(OldKey::Executed(delivered)) if delivered.user_id() != user_id => Some(format!(
+            "Users created user={} for this row's key; --new-key links that one",
+            delivered.user_id()
+        )),
+        Ok(_) => None,
+    }
+}
+
 /// Prints the summary line and returns the summary.
 fn finish(summary: RetrySummary, out: &mut impl Write) -> anyhow::Result<RetrySummary> {
     writeln!(
@@ -283,7 +310,8 @@ fn expired_advice(row: &outbox_row::Model) -> String {
     if row.effect_type == CREATE_USER {
         format!(
             "{UNKNOWABLE} Check whether student {} has a user (users.student_id in the Users \
-             DB): if it does, link it with --link-user USER_ID; if not, use --new-key",
+             DB): if it does, link it with --link-user USER_ID; if not, use --new-key \
+             --checked-no-user",
             row.aggregate_id
         )
     } else {
@@ -313,7 +341,7 @@ async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Resu
             Ok(OldKey::NotExecuted)
         }
         Err(status) if platform::status::reason(&status).as_deref() == Some(DELIVERY_EXPIRED) => {
-            Ok(OldKey::Unknowable(status.message().to_owned()))
+            Ok(OldKey::Unknowable)
         }
         // The key's saved answer is a rejection: nothing was created under it.
         Err(status) if was_replayed(&status) => Ok(OldKey::Rejected),

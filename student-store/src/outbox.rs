@@ -350,8 +350,10 @@ async fn record_in_one_statement(
 }
 
 /// Records a `failed` row's delivery and marks it `done`, for `retry-failed`: Users' inbox
-/// says the row's key was executed after all (its answer was lost). Fenced by the row's
-/// status and key, so a row redriven meanwhile is left alone ([`RecordError::ClaimLost`]).
+/// says the row's key was executed after all (its answer was lost), or an operator found
+/// the user Users holds for the student. Fenced by the row's status and key, so a row
+/// redriven meanwhile is left alone ([`RecordError::ClaimLost`]). The student's rows held
+/// back behind it have their keys dated now in the same transaction (see [`redrive`]).
 pub async fn record_found_in_inbox(
     db: &DatabaseConnection,
     row: &outbox::Model,
@@ -365,7 +367,11 @@ pub async fn record_found_in_inbox(
             outbox::Column::FailureKind,
             Expr::value(Option::<FailureKind>::None),
         );
-    finish_delivery(db, row, finish, delivered).await
+    let txn = begin_write(db).await?;
+    apply_delivery(&txn, row, finish, delivered).await?;
+    date_held_back_keys_now(&txn, row).await?;
+    txn.commit().await?;
+    Ok(())
 }
 
 /// The update that marks a row `done` with its user, lease cleared.
@@ -631,12 +637,8 @@ pub async fn release(
 /// Returns false, changing nothing, if the row is no longer `failed` with the key it was
 /// read with.
 ///
-/// In the same transaction the student's later rows, held back behind the failed one, get
-/// their keys dated now: none of them was ever sent (a student's rows go to Users one at a
-/// time, in order, and this one never finished; and a claim counts an attempt, given back
-/// only with a row handed back unsent, so each has none), so Users cannot have executed
-/// and purged them, yet after a long failure their keys look older than Users keeps keys,
-/// and each would be refused as `expired` in turn.
+/// In the same transaction the student's rows held back behind it have their keys dated
+/// now ([`date_held_back_keys_now`]).
 pub async fn redrive(
     db: &DatabaseConnection,
     row: &outbox::Model,
@@ -675,47 +677,30 @@ pub async fn redrive(
     if redriven.rows_affected != 1 {
         return Ok(false);
     }
-    outbox::Entity::update_many()
-        .col_expr(outbox::Column::KeyCreatedAt, Expr::value(Some(now())))
-        .filter(outbox::Column::AggregateId.eq(row.aggregate_id))
-        .filter(outbox::Column::AggregateVersion.gt(row.aggregate_version))
-        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
-        .filter(outbox::Column::Attempts.eq(0))
-        .exec(&txn)
-        .await?;
+    date_held_back_keys_now(&txn, row).await?;
     txn.commit().await?;
     Ok(true)
 }
 
-/// Records that a `failed` row's key is past Users' inbox horizon (`relay retry-failed`
-/// found out asking about it): it fails as `expired` from now on, with Users' `reason`
-/// and `message`, so what is advised for expired rows applies to it. Returns false,
-/// changing nothing, if the row is no longer `failed` with the key it was read with.
-pub async fn mark_expired(
-    db: &DatabaseConnection,
-    row: &outbox::Model,
-    reason: &str,
-    message: &str,
-) -> Result<bool, DbErr> {
-    let marked = outbox::Entity::update_many()
-        .col_expr(
-            outbox::Column::FailureKind,
-            Expr::value(Some(FailureKind::Expired)),
-        )
-        .col_expr(
-            outbox::Column::ErrorCode,
-            Expr::value(Some(reason.to_owned())),
-        )
-        .col_expr(
-            outbox::Column::LastError,
-            Expr::value(Some(message.to_owned())),
-        )
-        .filter(outbox::Column::Id.eq(row.id))
-        .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
-        .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
-        .exec(db)
+/// Dates now the keys of the rows of `failed`'s student held back behind it, as it leaves
+/// `failed`. None of them was ever sent (a student's rows go to Users one at a time, in
+/// order, and `failed` never finished; and a claim counts an attempt, given back only with
+/// a row handed back unsent, so each has none), so Users cannot have executed and purged
+/// them; yet after a long failure their keys look older than Users keeps keys, and each
+/// would be refused as `expired` in turn.
+async fn date_held_back_keys_now(
+    txn: &impl sea_orm::ConnectionTrait,
+    failed: &outbox::Model,
+) -> Result<(), DbErr> {
+    outbox::Entity::update_many()
+        .col_expr(outbox::Column::KeyCreatedAt, Expr::value(Some(now())))
+        .filter(outbox::Column::AggregateId.eq(failed.aggregate_id))
+        .filter(outbox::Column::AggregateVersion.gt(failed.aggregate_version))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+        .filter(outbox::Column::Attempts.eq(0))
+        .exec(txn)
         .await?;
-    Ok(marked.rows_affected == 1)
+    Ok(())
 }
 
 /// Deletes the `done` rows finished more than `retention` ago, oldest first, in batches of

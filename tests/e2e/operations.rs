@@ -953,13 +953,42 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
             "id={} key={} skipped: expired; Users no longer keeps keys this old, so it cannot \
              tell whether this one ran. Check whether student {waiting} has a user \
              (users.student_id in the Users DB): if it does, link it with --link-user \
-             USER_ID; if not, use --new-key",
+             USER_ID; if not, use --new-key --checked-no-user",
             expired.id, expired.idempotency_key
         )
     );
     assert_eq!(lines[2], "requeued=0 linked=0 skipped=2 errors=0");
-    let rekeyed =
-        stack.relay_command(&["retry-failed", "--id", &expired.id.to_string(), "--new-key"]);
+    // --new-key alone is no check: the same advice. The operator checked (Users has no
+    // user for the student: the old key never ran) and says so.
+    let expired_id = expired.id.to_string();
+    let unchecked = stack.relay_command(&["retry-failed", "--id", &expired_id, "--new-key"]);
+    assert_eq!(unchecked.status.code(), Some(1), "{unchecked:?}");
+    assert!(
+        String::from_utf8_lossy(&unchecked.stdout).starts_with(lines[1]),
+        "{unchecked:?}"
+    );
+    // Its questions about the old key were questions, not deliveries: the expired count
+    // (which pages) is still the one delivery's.
+    let users = scrape(stack.metrics_addr("users-svc").await).await;
+    let inbox = |result| {
+        sample(
+            &users,
+            "inbox_requests_total",
+            &[("rpc", "CreateUser"), ("result", result)],
+        )
+    };
+    assert_eq!(
+        (inbox("expired"), inbox("not_in_inbox")),
+        (1.0, 1.0),
+        "{users}"
+    );
+    let rekeyed = stack.relay_command(&[
+        "retry-failed",
+        "--id",
+        &expired_id,
+        "--new-key",
+        "--checked-no-user",
+    ]);
     assert_eq!(rekeyed.status.code(), Some(0), "{rekeyed:?}");
     // The new key is as young as the redrive, so Users executes it.
     stack.wait_until_all_linked(3).await;

@@ -31,9 +31,11 @@ on_both_backends!(
     an_exhausted_update_whose_key_users_purged_takes_a_new_key_at_once,
 );
 
-/// Restarts Users keeping keys for two seconds, and waits until it has purged every key it
-/// held: each key of the test is then older than Users keeps keys (an entry is younger
-/// than its key, and only entries past the retention are purged).
+/// How long the restarted Users keeps keys ([`users_forgets_every_key`]).
+const SHORT_RETENTION: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
+
+/// Restarts Users keeping keys for [`SHORT_RETENTION`], and waits until every key of the
+/// test is past its horizon ([`keys_past_users_horizon`]).
 async fn users_forgets_every_key(stack: &mut Stack) {
     stack
         .restart_users_with(
@@ -41,8 +43,23 @@ async fn users_forgets_every_key(stack: &mut Stack) {
             &["--inbox-retention", "2s", "--inbox-purge-interval", "100ms"],
         )
         .await;
-    eventually("Users to purge its inbox", LINK_DEADLINE, || async {
-        (users_and_inbox_rows(&stack.users_db).await.1 == 0).then_some(())
+    keys_past_users_horizon(stack).await;
+}
+
+/// Waits until Users has purged every key it held and every outbox row's key was issued
+/// longer ago than Users keeps keys: a delivery of any of them, or a question about it,
+/// is judged by its age.
+async fn keys_past_users_horizon(stack: &Stack) {
+    eventually("every key past Users' horizon", LINK_DEADLINE, || async {
+        let newest = stack
+            .outbox_rows()
+            .await
+            .iter()
+            .map(outbox::Model::key_issued_at)
+            .max()?;
+        (users_and_inbox_rows(&stack.users_db).await.1 == 0
+            && newest + SHORT_RETENTION < chrono::Utc::now())
+        .then_some(())
     })
     .await;
 }
@@ -173,6 +190,33 @@ async fn an_exhausted_row_whose_user_was_created_is_linked_instead_of_rekeyed(ba
         return;
     };
     let failed = exhaust_a_row_users_executed(&mut stack).await;
+    // Linking another user by hand is refused: Users' inbox says which user the row's own
+    // key created.
+    let created = users::Entity::find()
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the user");
+    let (code, stdout) = retry_failed_exit(
+        &stack,
+        &[
+            "--id",
+            &failed.id.to_string(),
+            "--link-user",
+            &Uuid::now_v7().to_string(),
+        ],
+    );
+    assert_eq!(
+        (code, stdout),
+        (
+            Some(2),
+            format!(
+                "id={} key={} not linked: Users created user={} for this row's key; \
+                 --new-key links that one\nrequeued=0 linked=0 skipped=0 errors=1\n",
+                failed.id, failed.idempotency_key, created.id
+            )
+        )
+    );
     redrive_links_the_existing_user(&stack, &failed, false).await;
 }
 
@@ -286,45 +330,50 @@ async fn an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_
 /// longer tell "never executed" from "executed and purged" (`DELIVERY_EXPIRED`, not
 /// `NOT_IN_INBOX`), so `--new-key` does not give the row a new key, which would be refused
 /// for the document number the student's own user holds (or, that user disabled, create a
-/// second one). The row is recorded as `expired` and the operator told what to check; a
-/// later `--new-key`, after that check, re-keys it (`operations::retention_…`).
+/// second one), even once the relay itself failed the row as `expired`: the operator is
+/// told what to check. The student has a user, so the advice ends in `--link-user`, after
+/// which the student's update, held back meanwhile, reaches Users.
 async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     let failed = exhaust_a_row_users_executed(&mut stack).await;
+    let student_id = failed.aggregate_id.to_string();
+    assert_eq!(stack.rename_student(&student_id, "Renamed").await, 2);
     users_forgets_every_key(&mut stack).await;
-    let (code, stdout) = retry_failed_exit(&stack, &["--id", &failed.id.to_string(), "--new-key"]);
-    assert_eq!(
-        (code, stdout),
-        (
-            Some(1),
-            format!(
-                "id={} key={} skipped: expired; Users no longer keeps keys this old, so it \
-                 cannot tell whether this one ran. Check whether student {} has a user \
-                 (users.student_id in the Users DB): if it does, link it with --link-user \
-                 USER_ID; if not, use --new-key\n\
-                 requeued=0 linked=0 skipped=1 errors=0\n",
-                failed.id, failed.idempotency_key, failed.aggregate_id
-            )
-        )
+    let id = failed.id.to_string();
+    let line = format!("id={} key={}", failed.id, failed.idempotency_key);
+    let advice = format!(
+        "{line} skipped: expired; Users no longer keeps keys this old, so it cannot tell \
+         whether this one ran. Check whether student {student_id} has a user \
+         (users.student_id in the Users DB): if it does, link it with --link-user USER_ID; \
+         if not, use --new-key --checked-no-user\n\
+         requeued=0 linked=0 skipped=1 errors=0\n"
     );
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
+    assert_eq!((code, stdout), (Some(1), advice.clone()));
     let row = stack.outbox_rows().await.remove(0);
     assert_eq!(
-        (
-            row.status,
-            row.idempotency_key.as_str(),
-            row.failure_kind,
-            row.error_code.as_deref()
-        ),
+        (row.status, row.idempotency_key.as_str(), row.failure_kind),
         (
             OutboxStatus::Failed,
             failed.idempotency_key.as_str(),
-            Some(FailureKind::Expired),
-            Some("DELIVERY_EXPIRED")
+            Some(FailureKind::Exhausted)
         ),
-        "failed as expired, under its own key"
+        "left as it was"
     );
+
+    // Requeued with its own key (safe), the relay sends it: Users refuses it as expired,
+    // and the row fails so. That is no check by the operator: still no new key.
+    retry_failed(&stack, &["--id", &id]);
+    eventually("Users to refuse the old key", LINK_DEADLINE, || async {
+        let row = stack.outbox_rows().await.remove(0);
+        (row.status == OutboxStatus::Failed && row.failure_kind == Some(FailureKind::Expired))
+            .then_some(())
+    })
+    .await;
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
+    assert_eq!((code, stdout), (Some(1), advice));
     let student = student_of(&stack, &failed).await;
     assert_eq!(student.user_link_status(), UserLinkStatus::Failed);
     assert!(
@@ -353,16 +402,14 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
         .expect("another student's user")
         .into_inner()
         .user_id;
-    let id = failed.id.to_string();
-    let line = format!("id={} key={}", failed.id, failed.idempotency_key);
     let unknown = Uuid::now_v7();
     for (user_id, refusal) in [
         (unknown.to_string(), format!("Users has no user {unknown}")),
         (
             someone_else.clone(),
             format!(
-                "user={someone_else} belongs to student {}, not {}",
-                other_student.student_id, failed.aggregate_id
+                "user={someone_else} belongs to student {}, not {student_id}",
+                other_student.student_id
             ),
         ),
     ] {
@@ -385,10 +432,9 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
             "{other}: {refused:?}"
         );
     }
-    assert_eq!(
-        stack.outbox_rows().await.remove(0).status,
-        OutboxStatus::Failed
-    );
+    // The update waiting behind the row has a key as old as the rest (the redrive above
+    // dated it, and that too is past the horizon now): linking must date it again.
+    keys_past_users_horizon(&stack).await;
     let stdout = retry_failed(&stack, &["--id", &id, "--link-user", &user.id.to_string()]);
     assert_eq!(
         stdout,
@@ -403,10 +449,24 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
         (row.status, row.idempotency_key.as_str(), row.failure_kind),
         (OutboxStatus::Done, failed.idempotency_key.as_str(), None)
     );
+    stack.wait_until_all_synced(1).await;
     let student = student_of(&stack, &failed).await;
     assert_eq!(
-        (student.user_link_status(), student.user_id),
-        (UserLinkStatus::Linked, user.id.to_string())
+        (
+            student.user_link_status(),
+            student.user_id.as_str(),
+            student.synced_version
+        ),
+        (UserLinkStatus::Linked, user.id.to_string().as_str(), 2)
+    );
+    let renamed = users::Entity::find_by_id(user.id)
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the user");
+    assert_eq!(
+        (renamed.first_name.as_str(), renamed.source_version),
+        ("Renamed", 2)
     );
     stack.assert_audit_clean(1);
     // Only a failed row's student is linked so.

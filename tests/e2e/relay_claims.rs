@@ -314,7 +314,7 @@ async fn exhausted_attempts_fail_the_row_and_retry_failed_requeues_it_with_its_k
         &app.student_db,
         &app.relay().users,
         retry_failed::Selection::All,
-        false,
+        retry_failed::Keys::Keep,
         &mut out,
     )
     .await
@@ -361,7 +361,7 @@ async fn an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never
         &app.student_db,
         &unreachable.users,
         retry_failed::Selection::Id(failed.id),
-        true,
+        retry_failed::Keys::New,
         &mut out,
     )
     .await
@@ -387,7 +387,7 @@ async fn an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never
         &app.student_db,
         &app.relay().users,
         retry_failed::Selection::All,
-        true,
+        retry_failed::Keys::New,
         &mut out,
     )
     .await
@@ -421,7 +421,7 @@ async fn an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never
         &app.student_db,
         &app.relay().users,
         retry_failed::Selection::Id(failed.id),
-        true,
+        retry_failed::Keys::New,
         &mut out,
     )
     .await

@@ -189,7 +189,7 @@ async fn a_student_linked_to_another_user_fails_its_row_as_a_link_conflict(backe
         &app.student_db,
         &app.relay().users,
         relay::retry_failed::Selection::All,
-        true,
+        relay::retry_failed::Keys::New,
         &mut out,
     )
     .await

@@ -83,6 +83,7 @@ impl UsersApi {
             Some(issued_at) if issued_at < horizon => Mode::Expired(KeyAge {
                 issued_at,
                 retention: self.inbox_retention,
+                asked_only: replay_only,
             }),
             _ if replay_only => Mode::ReplayOnly,
             _ => Mode::Execute,

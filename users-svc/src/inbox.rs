@@ -35,6 +35,9 @@ pub enum Mode {
 pub struct KeyAge {
     pub issued_at: DateTime<Utc>,
     pub retention: Duration,
+    /// A replay-only question (`relay replay`, `retry-failed`) rather than a delivery:
+    /// refused the same way, but counted with the unknown keys, not as an expired delivery.
+    pub asked_only: bool,
 }
 
 /// The answer to a request: what the key's operation produced, and whether it was executed

@@ -1,7 +1,11 @@
 //! Users' own metrics (served by `platform::metrics` when `--metrics-addr` is given): what
 //! the inbox did with each keyed request, and why requests were refused.
 
-use crate::{entity::inbox::SavedOutcome, error::Error, inbox::Answer};
+use crate::{
+    entity::inbox::SavedOutcome,
+    error::Error,
+    inbox::{Answer, KeyAge},
+};
 
 pub const INBOX_REQUESTS: &str = "inbox_requests_total";
 pub const REJECTED: &str = "users_rejected_total";
@@ -12,8 +16,8 @@ pub fn describe() {
     metrics::describe_counter!(
         INBOX_REQUESTS,
         "Keyed requests by RPC and what the inbox did: executed, replayed (saved answer \
-         returned), key_reused, not_in_inbox (replay-only, unknown key), expired (older than \
-         the inbox retention and unknown)"
+         returned), key_reused, not_in_inbox (replay-only, a key unknown or too old to judge), \
+         expired (a delivery older than the inbox retention and unknown)"
     );
     metrics::describe_counter!(
         REJECTED,
@@ -41,7 +45,13 @@ pub fn inbox_request(rpc: &'static str, answer: &Result<Answer, Error>) {
             rejected("IDEMPOTENCY_KEY_REUSED");
             "key_reused"
         }
-        Err(Error::NotInInbox) => "not_in_inbox",
+        // A question, not a delivery: nothing was refused that was meant to run.
+        Err(
+            Error::NotInInbox
+            | Error::DeliveryExpired(KeyAge {
+                asked_only: true, ..
+            }),
+        ) => "not_in_inbox",
         Err(Error::DeliveryExpired(_)) => {
             rejected("DELIVERY_EXPIRED");
             "expired"
@@ -113,6 +123,13 @@ mod tests {
             Err(Error::DeliveryExpired(KeyAge {
                 issued_at: platform::db::now(),
                 retention: Duration::from_secs(60),
+                asked_only: false,
+            })),
+            // A replay-only question about such a key: unknown, not a refused delivery.
+            Err(Error::DeliveryExpired(KeyAge {
+                issued_at: platform::db::now(),
+                retention: Duration::from_secs(60),
+                asked_only: true,
             })),
         ];
         let recorder = PrometheusBuilder::new().build_recorder();
@@ -126,7 +143,7 @@ mod tests {
             ("executed", 2),
             ("replayed", 2),
             ("key_reused", 1),
-            ("not_in_inbox", 1),
+            ("not_in_inbox", 2),
             ("expired", 1),
         ] {
             let line =
