@@ -99,7 +99,7 @@ pub struct RetryFailedArgs {
     /// With --new-key and --id: the row is a create-user row whose old key Users can no
     /// longer judge (expired), and an operator checked that its student has no user in
     /// Users; it takes a new key. Without it such a row is skipped with that advice.
-    #[arg(long, requires_all = ["new_key", "id"])]
+    #[arg(long, requires_all = ["new_key", "id"], conflicts_with = "all")]
     pub checked_no_user: bool,
     /// Link this user (its id) to the student of the failed create-user row `--id` names,
     /// and mark the row done: for a row whose old key Users can no longer judge (expired),

@@ -90,6 +90,20 @@ enum OldKey {
     Unknowable,
 }
 
+impl OldKey {
+    /// This answer about `row`'s key, given what the row already knows: a key Users once
+    /// refused as past its horizon (the row failed as `expired`) cannot be judged by a later
+    /// `NOT_IN_INBOX` either, which only says that Users keeps keys longer now (its
+    /// retention was raised) and that this one is not among them, since it may have been
+    /// purged before.
+    fn given(self, row: &outbox_row::Model) -> Self {
+        match self {
+            Self::NotExecuted if row.failure_kind == Some(FailureKind::Expired) => Self::Unknowable,
+            answer => answer,
+        }
+    }
+}
+
 /// What `retry-failed` may do with the selected rows' keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keys {
@@ -150,7 +164,10 @@ pub async fn retry_failed(
             }
             continue;
         }
-        match ask_about_old_key(users, &row).await {
+        match ask_about_old_key(users, &row)
+            .await
+            .map(|answer| answer.given(&row))
+        {
             Err(problem) => {
                 writeln!(out, "{line} not re-keyed: {problem}")?;
                 summary.errors += 1;

@@ -29,6 +29,7 @@ on_both_backends!(
     an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly,
     an_expired_update_takes_a_new_key_and_the_next_change_follows,
     an_exhausted_update_whose_key_users_purged_takes_a_new_key_at_once,
+    linking_another_user_than_the_one_the_rows_key_created_is_refused,
 );
 
 /// How long the restarted Users keeps keys ([`users_forgets_every_key`]).
@@ -190,33 +191,6 @@ async fn an_exhausted_row_whose_user_was_created_is_linked_instead_of_rekeyed(ba
         return;
     };
     let failed = exhaust_a_row_users_executed(&mut stack).await;
-    // Linking another user by hand is refused: Users' inbox says which user the row's own
-    // key created.
-    let created = users::Entity::find()
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("the user");
-    let (code, stdout) = retry_failed_exit(
-        &stack,
-        &[
-            "--id",
-            &failed.id.to_string(),
-            "--link-user",
-            &Uuid::now_v7().to_string(),
-        ],
-    );
-    assert_eq!(
-        (code, stdout),
-        (
-            Some(2),
-            format!(
-                "id={} key={} not linked: Users created user={} for this row's key; \
-                 --new-key links that one\nrequeued=0 linked=0 skipped=0 errors=1\n",
-                failed.id, failed.idempotency_key, created.id
-            )
-        )
-    );
     redrive_links_the_existing_user(&stack, &failed, false).await;
 }
 
@@ -373,6 +347,14 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
     })
     .await;
     let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
+    assert_eq!((code, stdout), (Some(1), advice.clone()));
+    // Nor once Users keeps keys longer (as the DeliveriesExpired alert suggests): the key
+    // is young enough again to be answered NOT_IN_INBOX, which says nothing of a key
+    // purged before.
+    stack
+        .restart_users_with(None, &["--inbox-retention", "1h"])
+        .await;
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
     assert_eq!((code, stdout), (Some(1), advice));
     let student = student_of(&stack, &failed).await;
     assert_eq!(student.user_link_status(), UserLinkStatus::Failed);
@@ -422,19 +404,30 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
             )
         );
     }
-    // One row, named: never with --all or --new-key.
-    for other in ["--all", "--new-key"] {
-        let refused =
-            stack.relay_command(&["retry-failed", other, "--link-user", &user.id.to_string()]);
-        assert_eq!(refused.status.code(), Some(2), "{other}");
-        assert!(
-            String::from_utf8_lossy(&refused.stderr).contains("cannot be used with"),
-            "{other}: {refused:?}"
-        );
+    // One row, named, one ending: --link-user never with --all or --new-key, and
+    // --checked-no-user only with --id and --new-key.
+    let user_id = user.id.to_string();
+    for args in [
+        &["--all", "--link-user", &user_id][..],
+        &["--new-key", "--link-user", &user_id],
+        &["--all", "--new-key", "--checked-no-user"],
+        &["--id", &id, "--checked-no-user"],
+        &[
+            "--id",
+            &id,
+            "--new-key",
+            "--checked-no-user",
+            "--link-user",
+            &user_id,
+        ],
+    ] {
+        let (code, stdout) = retry_failed_exit(&stack, args);
+        assert_eq!((code, stdout.as_str()), (Some(2), ""), "{args:?}");
     }
     // The update waiting behind the row has a key as old as the rest (the redrive above
-    // dated it, and that too is past the horizon now): linking must date it again.
-    keys_past_users_horizon(&stack).await;
+    // dated it, and that too is past the horizon once Users keeps keys 2 s again):
+    // linking must date it again.
+    users_forgets_every_key(&mut stack).await;
     let stdout = retry_failed(&stack, &["--id", &id, "--link-user", &user.id.to_string()]);
     assert_eq!(
         stdout,
@@ -568,5 +561,58 @@ async fn rekey_and_apply_each_change_once(stack: &mut Stack, failed: &outbox::Mo
             users[0].enabled
         ),
         (student.user_id, student.id, 3, false)
+    );
+}
+
+/// `--link-user` with a user that exists and names the row's student, but is not the one
+/// the row's own key created (a student can have two users in Users: users.student_id is
+/// not unique): refused, since Users' inbox says which user the row stands for.
+async fn linking_another_user_than_the_one_the_rows_key_created_is_refused(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let failed = exhaust_a_row_users_executed(&mut stack).await;
+    let created = users::Entity::find()
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the user the row's key created");
+    let second = stack
+        .users_client()
+        .create_user(proto::users::v1::CreateUserRequest {
+            idempotency_key: "someone-else-s-key".into(),
+            email: "second@example.edu".into(),
+            first_name: "Second".into(),
+            last_name: "User".into(),
+            document_number: "DOC-SECOND".into(),
+            student_id: failed.aggregate_id.to_string(),
+        })
+        .await
+        .expect("a second user of the same student")
+        .into_inner()
+        .user_id;
+    let (code, stdout) = retry_failed_exit(
+        &stack,
+        &["--id", &failed.id.to_string(), "--link-user", &second],
+    );
+    assert_eq!(
+        (code, stdout),
+        (
+            Some(2),
+            format!(
+                "id={} key={} not linked: Users created user={} for this row's key; \
+                 --new-key links that one\nrequeued=0 linked=0 skipped=0 errors=1\n",
+                failed.id, failed.idempotency_key, created.id
+            )
+        )
+    );
+    let row = stack.outbox_rows().await.remove(0);
+    assert_eq!(
+        (row.status, row.failure_kind),
+        (OutboxStatus::Failed, Some(FailureKind::Exhausted))
+    );
+    assert_eq!(
+        student_of(&stack, &failed).await.user_link_status(),
+        UserLinkStatus::Failed
     );
 }

@@ -22,7 +22,8 @@ pub fn describe() {
     metrics::describe_counter!(
         REJECTED,
         "Requests refused, by reason: INVALID_ARGUMENT, UNAUTHENTICATED, IDEMPOTENCY_KEY_REUSED, \
-         DELIVERY_EXPIRED, or the reason of a rejection saved in the inbox (counted when executed)"
+         DELIVERY_EXPIRED (deliveries, not replay-only questions), or the reason of a \
+         rejection saved in the inbox (counted when executed)"
     );
     metrics::describe_counter!(
         ANSWERED_FROM_MEMORY,
