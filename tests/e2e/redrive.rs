@@ -65,6 +65,16 @@ async fn keys_past_users_horizon(stack: &Stack) {
     .await;
 }
 
+/// The one user in Users (the student's, created by the row's key before its answer was
+/// lost).
+async fn the_user(stack: &Stack) -> users::Model {
+    users::Entity::find()
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the student's user")
+}
+
 /// Runs `relay retry-failed ARGS` and returns its exit code and what it printed.
 fn retry_failed_exit(stack: &Stack, args: &[&str]) -> (Option<i32>, String) {
     let output = stack.relay_command(&[&["retry-failed"], args].concat());
@@ -141,11 +151,7 @@ async fn redrive_links_the_existing_user(
     failed: &outbox::Model,
     disabled_in_users: bool,
 ) {
-    let user = users::Entity::find()
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("the user created before the answer was lost");
+    let user = the_user(stack).await;
     let stdout = retry_failed(stack, &["--all", "--new-key"]);
     assert_eq!(
         stdout,
@@ -207,11 +213,7 @@ async fn an_exhausted_row_whose_user_was_disabled_meanwhile_gets_no_second_user(
         .await
         .expect("disable the user");
     redrive_links_the_existing_user(&stack, &failed, true).await;
-    let user = users::Entity::find()
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("one user");
+    let user = the_user(&stack).await;
     assert!(
         !user.enabled,
         "linked as it is: disabling it was Users' decision"
@@ -250,11 +252,7 @@ async fn exhaust_an_update_users_applied(stack: &mut Stack) -> (String, outbox::
         "{stdout}"
     );
     stack.restart_users(None).await;
-    let user = users::Entity::find()
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("the user");
+    let user = the_user(stack).await;
     assert_eq!(user.source_version, 2, "Users applied the update");
     (id, failed, user.id)
 }
@@ -371,11 +369,7 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
 
     // The operator finds the student's user in the Users DB and links it. Users is asked
     // first: a user it does not have, or another student's, is refused, nothing written.
-    let user = users::Entity::find()
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("the student's user");
+    let user = the_user(&stack).await;
     let other_student = conflicting_user_request(1);
     let someone_else = stack
         .users_client()
@@ -572,11 +566,7 @@ async fn linking_another_user_than_the_one_the_rows_key_created_is_refused(backe
         return;
     };
     let failed = exhaust_a_row_users_executed(&mut stack).await;
-    let created = users::Entity::find()
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("the user the row's key created");
+    let created = the_user(&stack).await;
     let second = stack
         .users_client()
         .create_user(proto::users::v1::CreateUserRequest {
