@@ -12,7 +12,7 @@
 //! executed if that user was disabled meanwhile (a second user). So Users is first asked,
 //! replay-only, what the old key got: a created user is linked and the row marked `done`;
 //! only a key Users never executed (`NOT_IN_INBOX`) or a saved rejection lets the row take
-//! a new key.
+//! a new key without more ado.
 //!
 //! A key older than Users' inbox retention that is not in its inbox may have run and been
 //! purged: Users answers the question `DELIVERY_EXPIRED`, not `NOT_IN_INBOX`. A change may
@@ -229,9 +229,9 @@ pub async fn retry_failed(
 /// Links `user_id` to the student of the failed create-user row `id` and marks the row
 /// `done` (`retry-failed --id N --link-user U`): the end of the advice for an expired row
 /// whose student has a user in Users, which no key can find any more. Users is asked
-/// first: the user must exist and name the row's student; the link is recorded as a
-/// delivery found in the inbox would be (fenced by the row's status and key, never over
-/// another link).
+/// first: the user must exist and name the row's student, and the row's own key must not
+/// have created another one; the link is recorded as a delivery found in the inbox would
+/// be (fenced by the row's status and key, never over another link).
 pub async fn link_user(
     db: &DatabaseConnection,
     users: &UsersClient,
