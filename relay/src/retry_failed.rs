@@ -125,9 +125,13 @@ pub async fn retry_failed(
     keys: Keys,
     out: &mut impl Write,
 ) -> anyhow::Result<RetrySummary> {
-    let id = match selection {
-        Selection::Id(id) => Some(id),
-        Selection::All => None,
+    let id = match (selection, keys) {
+        (Selection::Id(id), _) => Some(id),
+        // The operator's word is about one student, never a whole backlog.
+        (Selection::All, Keys::NewCheckedNoUser) => {
+            anyhow::bail!("--checked-no-user is the check of one row: name it with --id")
+        }
+        (Selection::All, _) => None,
     };
     let rows = outbox::failed_rows(db, id).await?;
     let mut summary = RetrySummary::default();

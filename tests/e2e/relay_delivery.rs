@@ -203,6 +203,21 @@ async fn a_student_linked_to_another_user_fails_its_row_as_a_link_conflict(backe
         )
     );
     assert_eq!(statuses(&app).await[0], rows[0], "left as it was");
+    // The operator's word that a student has no user is about one row, never all.
+    let refused = relay::retry_failed::retry_failed(
+        &app.student_db,
+        &app.relay().users,
+        relay::retry_failed::Selection::All,
+        relay::retry_failed::Keys::NewCheckedNoUser,
+        &mut Vec::new(),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(
+        refused.to_string(),
+        "--checked-no-user is the check of one row: name it with --id"
+    );
+    assert_eq!(statuses(&app).await[0], rows[0], "left as it was");
 }
 
 async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend) {
