@@ -739,7 +739,10 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
     let relay_flags = |args: &[&str]| run("relay", &[], args);
     for (output, service) in [
         (users_svc(&["inbox", "show", "--key", "k"]), "users-svc"),
-        (users_svc(&["inbox", "purge"]), "users-svc"),
+        (
+            users_svc(&["--inbox-retention", "30d", "inbox", "purge"]),
+            "users-svc",
+        ),
         (relay(&["status"]), "student-svc"),
         (relay(&["purge"]), "student-svc"),
         (relay(&["replay", "--all"]), "student-svc"),
@@ -819,6 +822,24 @@ async fn inbox_purge_deletes_keys_past_the_retention_now_and_keeps_the_users(bac
     };
     assert_eq!(purge("1h"), 0, "both keys are younger than an hour");
     assert_eq!(users_and_inbox_rows(&stack.users_db).await, (2, 2));
+    // The retention must be stated: the default is not assumed, since a purge shorter than
+    // the servers' retention deletes keys they would execute again.
+    let unstated = stack.users_command(&["inbox", "purge"]);
+    assert_eq!(unstated.status.code(), Some(2), "{unstated:?}");
+    assert!(
+        String::from_utf8_lossy(&unstated.stderr)
+            .contains("inbox purge needs the servers' retention"),
+        "{unstated:?}"
+    );
+    let from_variable =
+        stack.users_command_with(&["inbox", "purge"], &[("USERS_INBOX_RETENTION", "1h")]);
+    assert_eq!(
+        (
+            from_variable.status.code(),
+            String::from_utf8_lossy(&from_variable.stdout)
+        ),
+        (Some(0), "purged=0\n".into())
+    );
     // Once both keys are over a second old, a purge with a one-second retention takes them.
     let mut purged = 0;
     eventually("both keys purged", LINK_DEADLINE, || {

@@ -430,7 +430,14 @@ async fn the_migrate_command_applies_each_schema_alone(backend: Backend) {
     assert_eq!(relay_status.status.code(), Some(0), "{relay_status:?}");
     let inbox = std::process::Command::new(binaries().join("users-svc"))
         .env_clear()
-        .args(["--database-url", &dbs.users_url, "inbox", "purge"])
+        .args([
+            "--database-url",
+            &dbs.users_url,
+            "--inbox-retention",
+            "30d",
+            "inbox",
+            "purge",
+        ])
         .output()
         .expect("run users-svc inbox purge");
     assert_eq!(inbox.status.code(), Some(0), "{inbox:?}");

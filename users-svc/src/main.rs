@@ -1,18 +1,22 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::Parser as _;
+use clap::{CommandFactory as _, FromArgMatches as _, parser::ValueSource};
 use users_svc::{Command, Config, InboxCommand};
 
 fn main() -> anyhow::Result<ExitCode> {
-    let config = Config::parse();
+    let matches = Config::command().get_matches();
+    let config = Config::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    // Whether the retention was stated (flag or variable), not taken from the default.
+    let retention_stated =
+        matches.value_source("inbox_retention") != Some(ValueSource::DefaultValue);
     let runtime =
         platform::runtime::build(config.worker_threads).context("cannot start the runtime");
     if let Some(Command::Inbox { action }) = &config.command {
         return Ok(one_shot(runtime.and_then(|runtime| {
             runtime.block_on(async {
                 platform::telemetry::init(config.log_format);
-                inbox(&config, action).await
+                inbox(&config, action, retention_stated).await
             })
         })));
     }
@@ -45,9 +49,21 @@ fn one_shot(result: anyhow::Result<ExitCode>) -> ExitCode {
     })
 }
 
-async fn inbox(config: &Config, action: &InboxCommand) -> anyhow::Result<ExitCode> {
+async fn inbox(
+    config: &Config,
+    action: &InboxCommand,
+    retention_stated: bool,
+) -> anyhow::Result<ExitCode> {
     match action {
         InboxCommand::Show { key } => show_inbox_entry(&config.database_url, key).await,
+        // The servers judge a key's age by their own retention: a purge by a shorter one
+        // deletes keys they would execute again if delivered late. A shell without the
+        // servers' USERS_INBOX_RETENTION would get the default, so it must be stated.
+        InboxCommand::Purge if !retention_stated => anyhow::bail!(
+            "inbox purge needs the servers' retention: give it with --inbox-retention or \
+             USERS_INBOX_RETENTION (the default, 30d, is not assumed: a purge shorter than \
+             the servers' deletes keys they would run again)"
+        ),
         InboxCommand::Purge => purge_inbox(&config.database_url, config.inbox_retention).await,
     }
 }

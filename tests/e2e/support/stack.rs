@@ -387,11 +387,17 @@ impl Stack {
 
     /// Runs a one-shot `users-svc` command (`inbox show …`) on this stack's Users DB.
     pub fn users_command(&self, args: &[&str]) -> Output {
+        self.users_command_with(args, &[])
+    }
+
+    /// Like [`Stack::users_command`], with extra environment variables.
+    pub fn users_command_with(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
         std::process::Command::new(binaries().join("users-svc"))
             .env_clear()
             .args(args)
             .env("USERS_DATABASE_URL", &self.dbs.users_url)
             .env("RUST_LOG", &self.log_filter)
+            .envs(envs.iter().copied())
             .output()
             .expect("run users-svc command")
     }
