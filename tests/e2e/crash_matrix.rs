@@ -3,7 +3,7 @@
 //! linked exactly once with nothing left `processing`.
 
 use platform::failpoint::points;
-use proto::student::v1::{CreateStudentRequest, GetStudentRequest, UserLinkStatus};
+use proto::student::v1::{CreateStudentRequest, GetStudentRequest, Student, UserLinkStatus};
 use sea_orm::EntityTrait;
 use student_store::entity::{
     outbox::{self, FailureKind, OutboxStatus},
@@ -800,11 +800,11 @@ pub(crate) async fn a_student_with_two_changes_waiting(stack: &mut Stack) -> Str
     id
 }
 
-/// Every change reached Users once, in order, and `relay replay` agrees for each effect.
-pub(crate) async fn assert_changes_applied_once(stack: &mut Stack, id: &str) {
+/// The student `id`'s rename and deactivation (versions 2 and 3) are synced, the relays
+/// stopped, and the audit finds the databases agreeing; returns the student.
+pub(crate) async fn assert_both_changes_synced(stack: &mut Stack, id: &str) -> Student {
     stack.wait_until_all_synced(1).await;
     stack.stop_relays(std::time::Duration::from_secs(15));
-    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     stack.assert_audit_clean(1);
     let student = stack
         .student_client()
@@ -816,6 +816,13 @@ pub(crate) async fn assert_changes_applied_once(stack: &mut Stack, id: &str) {
         (student.version, student.synced_version, student.active),
         (3, 3, false)
     );
+    student
+}
+
+/// Every change reached Users once, in order, and `relay replay` agrees for each effect.
+pub(crate) async fn assert_changes_applied_once(stack: &mut Stack, id: &str) {
+    assert_both_changes_synced(stack, id).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     let replay = stack.relay_command(&["replay", "--all"]);
     let stdout = String::from_utf8_lossy(&replay.stdout);
     assert_eq!(replay.status.code(), Some(0), "{stdout}");

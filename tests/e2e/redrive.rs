@@ -12,11 +12,13 @@ use users_svc::entity::users;
 use uuid::Uuid;
 
 use crate::{
-    crash_matrix::{a_student_with_two_changes_waiting, assert_changes_applied_once},
+    crash_matrix::{
+        a_student_with_two_changes_waiting, assert_both_changes_synced, assert_changes_applied_once,
+    },
     on_both_backends,
     support::{
         Backend, conflicting_user_request, eventually,
-        invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
+        invariants::{assert_each_student_linked_exactly_once, stored_user, users_and_inbox_rows},
         stack::{LINK_DEADLINE, Stack},
     },
 };
@@ -446,11 +448,7 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
         ),
         (UserLinkStatus::Linked, user.id.to_string().as_str(), 2)
     );
-    let renamed = users::Entity::find_by_id(user.id)
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("the user");
+    let renamed = stored_user(&stack.users_db, user.id).await;
     assert_eq!(
         (renamed.first_name.as_str(), renamed.source_version),
         ("Renamed", 2)
@@ -503,7 +501,7 @@ async fn an_expired_update_takes_a_new_key_and_the_next_change_follows(backend: 
             )
         )
     );
-    rekey_and_apply_each_change_once(&mut stack, &failed, id).await;
+    rekey_and_apply_each_change_once(&mut stack, &failed, &id).await;
 }
 
 /// The same update, exhausted and past Users' horizon, given a new key at once: a change
@@ -514,13 +512,13 @@ async fn an_exhausted_update_whose_key_users_purged_takes_a_new_key_at_once(back
     };
     let (id, failed, _) = exhaust_an_update_users_applied(&mut stack).await;
     users_forgets_every_key(&mut stack).await;
-    rekey_and_apply_each_change_once(&mut stack, &failed, id).await;
+    rekey_and_apply_each_change_once(&mut stack, &failed, &id).await;
 }
 
 /// `retry-failed --all --new-key` gives the failed update `failed` a new key; then the
 /// update and the deactivation behind it reach Users once each, in order, to the one user
 /// (checked without a replay or the inbox: Users keeps no key that long).
-async fn rekey_and_apply_each_change_once(stack: &mut Stack, failed: &outbox::Model, id: String) {
+async fn rekey_and_apply_each_change_once(stack: &mut Stack, failed: &outbox::Model, id: &str) {
     let stdout = retry_failed(stack, &["--all", "--new-key"]);
     assert!(
         stdout.contains(&format!(
@@ -529,19 +527,7 @@ async fn rekey_and_apply_each_change_once(stack: &mut Stack, failed: &outbox::Mo
         )) && stdout.ends_with("requeued=1 linked=0 skipped=0 errors=0\n"),
         "{stdout}"
     );
-    stack.wait_until_all_synced(1).await;
-    stack.stop_relays(std::time::Duration::from_secs(15));
-    stack.assert_audit_clean(1);
-    let student = stack
-        .student_client()
-        .get_student(GetStudentRequest { id })
-        .await
-        .expect("found")
-        .into_inner();
-    assert_eq!(
-        (student.version, student.synced_version, student.active),
-        (3, 3, false)
-    );
+    let student = assert_both_changes_synced(stack, id).await;
     let users = users::Entity::find()
         .all(&stack.users_db)
         .await
