@@ -93,19 +93,17 @@ pub struct RetryFailedArgs {
     pub rows: RetryFailedRows,
     /// Give each row a fresh idempotency key: explicitly a new operation. Required for rows
     /// Users rejected, which would otherwise get the same saved rejection again. A row whose
-    /// old key Users did execute is linked to that user and marked done instead.
+    /// old key Users did execute is linked to that user and marked done instead; a
+    /// create-user row whose old key is too old for Users to judge is linked to its
+    /// student's only user, re-keyed if the student has none, skipped if it has several.
     #[arg(long)]
     pub new_key: bool,
-    /// With --new-key and --id: the row is a create-user row whose old key Users can no
-    /// longer judge (expired), and an operator checked that its student has no user in
-    /// Users; it takes a new key. Without it such a row is skipped with that advice.
-    #[arg(long, requires_all = ["new_key", "id"], conflicts_with = "all")]
-    pub checked_no_user: bool,
     /// Link this user (its id) to the student of the failed create-user row `--id` names,
-    /// and mark the row done: for a row whose old key Users can no longer judge (expired),
-    /// once an operator found the user Users holds for the student. Users is asked first:
-    /// the user must exist and name that student.
-    #[arg(long, requires = "id", conflicts_with_all = ["new_key", "all", "checked_no_user"])]
+    /// and mark the row done: for a row whose old key Users can no longer judge (expired)
+    /// and whose student has several users in Users, which --new-key leaves to the
+    /// operator. Users is asked first: the user must exist and name that student, and the
+    /// row's own key must not have created another one.
+    #[arg(long, requires = "id", conflicts_with_all = ["new_key", "all"])]
     pub link_user: Option<Uuid>,
 }
 
@@ -301,10 +299,10 @@ async fn retry(cli: &Cli, args: &RetryFailedArgs) -> anyhow::Result<ExitCode> {
             retry_failed::link_user(&db, &users, id, user_id, &mut out).await?
         }
         _ => {
-            let keys = match (args.new_key, args.checked_no_user) {
-                (false, _) => retry_failed::Keys::Keep,
-                (true, false) => retry_failed::Keys::New,
-                (true, true) => retry_failed::Keys::NewCheckedNoUser,
+            let keys = if args.new_key {
+                retry_failed::Keys::New
+            } else {
+                retry_failed::Keys::Keep
             };
             retry_failed::retry_failed(&db, &users, selection, keys, &mut out).await?
         }

@@ -16,11 +16,12 @@
 //!
 //! A key older than Users' inbox retention that is not in its inbox may have run and been
 //! purged: Users answers the question `DELIVERY_EXPIRED`, not `NOT_IN_INBOX`. A change may
-//! then take a new key (Users applies each student version at most once); a create-user
-//! row is skipped with advice: the operator checks whether the student has a user in
-//! Users, and links it (`--link-user`, [`link_user`]) or, there being none, gives the row
-//! a new key with `--new-key --checked-no-user`. A row Users refused so (`expired`) is
-//! never redriven without `--new-key`, and the tool prints the same advice.
+//! then take a new key (Users applies each student version at most once). For a create-user
+//! row the student's users in Users tell instead (ListUsers; users are never deleted): none
+//! means the old key created nothing, so the row takes a new key; one is the user the row
+//! stands for, so it is linked; several are left to the operator (`--link-user`,
+//! [`link_user`]). A row Users refused so (`expired`) is never redriven without
+//! `--new-key`.
 //!
 //! The question is safe to ask: a `failed` row is held by no relay, and every send ends
 //! inside its lease, so no call with the old key is still on its way to Users.
@@ -56,7 +57,7 @@ pub enum Selection {
 pub struct RetrySummary {
     /// Rows put back to `pending` (with their key, or a new one).
     pub requeued: usize,
-    /// Rows whose old key Users had executed: linked and `done`, not re-keyed.
+    /// Rows linked to their user (or recorded synced) and `done`, not re-keyed.
     pub linked: usize,
     pub skipped: usize,
     pub errors: usize,
@@ -112,9 +113,6 @@ pub enum Keys {
     /// `--new-key`: a fresh key where the old one is known to have created nothing, and for
     /// a change whatever became of it.
     New,
-    /// `--new-key --checked-no-user`: also for a create-user row whose old key Users can no
-    /// longer judge, an operator having checked that its student has no user.
-    NewCheckedNoUser,
 }
 
 /// Requeues the selected failed rows, printing one line per row and a summary line.
@@ -125,13 +123,9 @@ pub async fn retry_failed(
     keys: Keys,
     out: &mut impl Write,
 ) -> anyhow::Result<RetrySummary> {
-    let id = match (selection, keys) {
-        (Selection::Id(id), _) => Some(id),
-        // The operator's word is about one student, never a whole backlog.
-        (Selection::All, Keys::NewCheckedNoUser) => {
-            anyhow::bail!("--checked-no-user is the check of one row: name it with --id")
-        }
-        (Selection::All, _) => None,
+    let id = match selection {
+        Selection::Id(id) => Some(id),
+        Selection::All => None,
     };
     let rows = outbox::failed_rows(db, id).await?;
     let mut summary = RetrySummary::default();
@@ -177,62 +171,89 @@ pub async fn retry_failed(
                 summary.errors += 1;
             }
             Ok(OldKey::Executed(delivered)) => {
-                let user_id = delivered.user_id();
-                match outbox::record_found_in_inbox(db, &row, delivered).await {
-                    Ok(()) => {
-                        writeln!(
-                            out,
-                            "{line} {} user={user_id}: Users had executed this key; not re-keyed",
-                            match delivered {
-                                Delivered::UserCreated(_) => "linked",
-                                Delivered::UserChanged(_) => "synced",
-                            }
-                        )?;
-                        summary.linked += 1;
-                    }
-                    Err(RecordError::Db(err)) => return Err(err.into()),
-                    Err(err) => {
-                        writeln!(
-                            out,
-                            "{line} not re-keyed: Users created user={user_id} for this key, but {err}"
-                        )?;
-                        summary.errors += 1;
-                    }
-                }
+                let found = "Users had executed this key";
+                link(db, &row, delivered, found, out, &mut summary).await?;
+            }
+            // No key can tell what became of this one: the student's users can.
+            Ok(OldKey::Unknowable) if row.effect_type == CREATE_USER => {
+                by_students_users(db, users, &row, out, &mut summary).await?;
             }
             // A change may take a new key whatever became of the old one: Users applies each
             // student version at most once, so a version it applied already is answered
-            // `applied=false` and the row recorded synced. A create-user row only on the
-            // operator's word that its student has no user (`--checked-no-user`, the advice's
-            // last step): nothing else here can tell.
-            Ok(OldKey::Unknowable)
-                if row.effect_type == CREATE_USER && keys != Keys::NewCheckedNoUser =>
-            {
-                writeln!(out, "{line} skipped: {}", expired_advice(&row))?;
-                summary.skipped += 1;
-            }
+            // `applied=false` and the row recorded synced.
             Ok(OldKey::NotExecuted | OldKey::Rejected | OldKey::Unknowable) => {
-                let fresh = Uuid::new_v4().to_string();
-                if outbox::redrive(db, &row, &fresh).await? {
-                    writeln!(
-                        out,
-                        "id={} key={fresh} requeued (new key; was {})",
-                        row.id, row.idempotency_key
-                    )?;
-                    summary.requeued += 1;
-                } else {
-                    writeln!(out, "{line} changed while retrying; left as it is")?;
-                    summary.errors += 1;
-                }
+                rekey(db, &row, None, out, &mut summary).await?;
             }
         }
     }
     finish(summary, out)
 }
 
+/// Settles a failed create-user row whose old key Users can no longer judge by the users
+/// Users holds for its student (it never deletes one): none, so the old key created
+/// nothing and the row takes a new key; one, the user the row stands for, linked; several,
+/// left to the operator (`--link-user`), since nothing here can tell which the key created.
+async fn by_students_users(
+    db: &DatabaseConnection,
+    users: &UsersClient,
+    row: &outbox_row::Model,
+    out: &mut impl Write,
+    summary: &mut RetrySummary,
+) -> anyhow::Result<()> {
+    let line = format!("id={} key={}", row.id, row.idempotency_key);
+    let found = match users_of_student(users, row).await {
+        Ok(found) => found,
+        Err(problem) => {
+            writeln!(out, "{line} not re-keyed: {problem}")?;
+            summary.errors += 1;
+            return Ok(());
+        }
+    };
+    match found.as_slice() {
+        [] => {
+            let why = format!("Users holds no user of student {}", row.aggregate_id);
+            rekey(db, row, Some(&why), out, summary).await
+        }
+        [(user_id, _)] => {
+            let found =
+                "Users holds it as the student's only user (the old key is too old to judge)";
+            link(
+                db,
+                row,
+                Delivered::UserCreated(*user_id),
+                found,
+                out,
+                summary,
+            )
+            .await
+        }
+        several => {
+            let listed: Vec<String> = several
+                .iter()
+                .map(|(id, enabled)| match enabled {
+                    true => id.to_string(),
+                    false => format!("{id} (disabled)"),
+                })
+                .collect();
+            writeln!(
+                out,
+                "{line} skipped: expired; Users no longer keeps keys this old, so it cannot \
+                 tell which of student {}'s users this row created: {}. Link one with --id {} \
+                 --link-user USER_ID",
+                row.aggregate_id,
+                listed.join(", "),
+                row.id
+            )?;
+            summary.skipped += 1;
+            Ok(())
+        }
+    }
+}
+
 /// Links `user_id` to the student of the failed create-user row `id` and marks the row
-/// `done` (`retry-failed --id N --link-user U`): the end of the advice for an expired row
-/// whose student has a user in Users, which no key can find any more. Users is asked
+/// `done` (`retry-failed --id N --link-user U`): for a row whose old key Users can no
+/// longer judge and whose student has several users, which `--new-key` leaves to the
+/// operator (it links an only user itself). Users is asked
 /// first: the user must exist and name the row's student, and the row's own key must not
 /// have created another one; the link is recorded as a delivery found in the inbox would
 /// be (fenced by the row's status and key, never over another link).
@@ -275,21 +296,95 @@ pub async fn link_user(
         summary.errors += 1;
         return finish(summary, out);
     }
-    match outbox::record_found_in_inbox(db, &row, Delivered::UserCreated(user_id)).await {
+    let found = "Users holds it for this student";
+    let delivered = Delivered::UserCreated(user_id);
+    link(db, &row, delivered, found, out, &mut summary).await?;
+    finish(summary, out)
+}
+
+/// Records `delivered` for the failed `row` and marks it `done` (fenced by its status and
+/// key, never over another link), printing why (`found`) and counting it `linked`.
+async fn link(
+    db: &DatabaseConnection,
+    row: &outbox_row::Model,
+    delivered: Delivered,
+    found: &str,
+    out: &mut impl Write,
+    summary: &mut RetrySummary,
+) -> anyhow::Result<()> {
+    let line = format!("id={} key={}", row.id, row.idempotency_key);
+    let user_id = delivered.user_id();
+    let verb = match delivered {
+        Delivered::UserCreated(_) => "linked",
+        Delivered::UserChanged(_) => "synced",
+    };
+    match outbox::record_found_in_inbox(db, row, delivered).await {
         Ok(()) => {
-            writeln!(
-                out,
-                "{line} linked user={user_id}: Users holds it for this student; not re-keyed"
-            )?;
+            writeln!(out, "{line} {verb} user={user_id}: {found}; not re-keyed")?;
             summary.linked += 1;
         }
         Err(RecordError::Db(err)) => return Err(err.into()),
         Err(err) => {
-            writeln!(out, "{line} not linked: {err}")?;
+            writeln!(
+                out,
+                "{line} not {verb}: {found} (user={user_id}), but {err}"
+            )?;
             summary.errors += 1;
         }
     }
-    finish(summary, out)
+    Ok(())
+}
+
+/// Puts the failed `row` back to `pending` under a fresh key, printing `why` if given.
+async fn rekey(
+    db: &DatabaseConnection,
+    row: &outbox_row::Model,
+    why: Option<&str>,
+    out: &mut impl Write,
+    summary: &mut RetrySummary,
+) -> anyhow::Result<()> {
+    let fresh = Uuid::new_v4().to_string();
+    if outbox::redrive(db, row, &fresh).await? {
+        let why = why.map(|why| format!(": {why}")).unwrap_or_default();
+        writeln!(
+            out,
+            "id={} key={fresh} requeued (new key; was {}){why}",
+            row.id, row.idempotency_key
+        )?;
+        summary.requeued += 1;
+    } else {
+        writeln!(
+            out,
+            "id={} key={} changed while retrying; left as it is",
+            row.id, row.idempotency_key
+        )?;
+        summary.errors += 1;
+    }
+    Ok(())
+}
+
+/// The users Users holds for `row`'s student, oldest first: each id, and whether it is
+/// enabled.
+async fn users_of_student(
+    users: &UsersClient,
+    row: &outbox_row::Model,
+) -> Result<Vec<(Uuid, bool)>, String> {
+    let found = users.list_users(row.aggregate_id).await.map_err(|status| {
+        format!(
+            "cannot ask Users for student {}'s users: {}: {}",
+            row.aggregate_id,
+            code_name(status.code()),
+            status.message()
+        )
+    })?;
+    found
+        .into_iter()
+        .map(|user| {
+            Uuid::parse_str(&user.id)
+                .map(|id| (id, user.enabled))
+                .map_err(|_| format!("Users listed a user whose id is not a UUID: {:?}", user.id))
+        })
+        .collect()
 }
 
 /// Why `user_id` must not be linked for `row` as far as Users' inbox knows: the row's
@@ -322,18 +417,16 @@ fn finish(summary: RetrySummary, out: &mut impl Write) -> anyhow::Result<RetrySu
 }
 
 /// What an operator must do with an expired row: Users no longer keeps the old key, so
-/// neither it nor this tool can tell whether the effect took place. For a create-user row
-/// that matters (a new key would be a second operation), so the operator checks first; a
-/// change is safe under a new key.
+/// neither it nor this tool can tell from the key whether the effect took place. For a
+/// create-user row that matters (a new key would be a second operation), so `--new-key`
+/// looks at the student's users first; a change is safe under a new key.
 fn expired_advice(row: &outbox_row::Model) -> String {
     const UNKNOWABLE: &str =
         "expired; Users no longer keeps keys this old, so it cannot tell whether this one ran.";
     if row.effect_type == CREATE_USER {
         format!(
-            "{UNKNOWABLE} Check whether student {} has a user (users.student_id in the Users \
-             DB): if it does, link it with --link-user USER_ID; if not, use --new-key \
-             --checked-no-user",
-            row.aggregate_id
+            "{UNKNOWABLE} Use --new-key: it links the student's user if Users holds one, and \
+             gives a new key if it holds none"
         )
     } else {
         format!(

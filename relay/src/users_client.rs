@@ -8,8 +8,9 @@ use chrono::{DateTime, Utc};
 use platform::trace::TraceContext;
 use proto::users::v1::{
     CreateUserRequest, CreateUsersItem, CreateUsersRequest, CreateUsersResult, DisableUserRequest,
-    GetUserRequest, KEY_CREATED_AT_HEADER, REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest,
-    User, create_users_result::Outcome, users_service_client::UsersServiceClient,
+    GetUserRequest, KEY_CREATED_AT_HEADER, ListUsersRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
+    UpdateUserRequest, User, create_users_result::Outcome,
+    users_service_client::UsersServiceClient,
 };
 use student_store::{
     effect::{CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
@@ -217,6 +218,19 @@ impl UsersClient {
             Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
             Err(status) => Err(status),
         }
+    }
+
+    /// Every user Users holds for `student_id` (ListUsers), oldest first.
+    pub async fn list_users(&self, student_id: Uuid) -> Result<Vec<User>, Status> {
+        let request = Request::new(ListUsersRequest {
+            student_id: student_id.to_string(),
+        });
+        let response = self
+            .send(request, None, false, |mut client, request| async move {
+                client.list_users(request).await
+            })
+            .await?;
+        Ok(response.into_inner().users)
     }
 
     /// Sends an `update-user` effect under `key` (replay-only: answered from the inbox or

@@ -24,7 +24,7 @@ use proto::{
     },
     users::v1::{
         CreateUserRequest, CreateUsersItem, CreateUsersRequest, DisableUserRequest, GetUserRequest,
-        UpdateUserRequest, create_users_result::Outcome,
+        ListUsersRequest, UpdateUserRequest, create_users_result::Outcome,
     },
 };
 use tonic::{Code, Status};
@@ -632,7 +632,7 @@ fn deactivate_student_and_disable_user_fields_are_accepted_or_named(backend: Bac
 fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
     run_property(
         backend,
-        (0..3usize, hostile(), any::<i32>()),
+        (0..4usize, hostile(), any::<i32>()),
         |app, (rpc, value, page_size), _| {
             Box::pin(async move {
                 let is_uuid = value.len() == 36 && uuid::Uuid::try_parse(&value).is_ok();
@@ -653,6 +653,16 @@ fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
                             .map(drop),
                         "id",
                     ),
+                    3 => (
+                        app.users
+                            .clone()
+                            .list_users(ListUsersRequest {
+                                student_id: value.clone(),
+                            })
+                            .await
+                            .map(drop),
+                        "student_id",
+                    ),
                     _ => {
                         let request = ListStudentsRequest {
                             page_size,
@@ -668,9 +678,10 @@ fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
                     }
                 };
                 match answer {
-                    Ok(()) => {
-                        prop_assert!(rpc == 2 && page_size >= 0 && (value.is_empty() || is_uuid))
-                    }
+                    Ok(()) => prop_assert!(
+                        (rpc == 2 && page_size >= 0 && (value.is_empty() || is_uuid))
+                            || (rpc == 3 && is_uuid)
+                    ),
                     Err(status) if status.code() == Code::NotFound => {
                         prop_assert!(rpc < 2 && is_uuid)
                     }

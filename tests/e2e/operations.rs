@@ -937,7 +937,7 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
         1.0
     );
 
-    // retry-failed explains what to check, and re-keys only when told to.
+    // retry-failed says what --new-key will do, and does it only when told to.
     let advice = stack.relay_command(&["retry-failed", "--all"]);
     let stdout = String::from_utf8_lossy(&advice.stdout);
     assert_eq!(advice.status.code(), Some(1), "{stdout}");
@@ -951,23 +951,32 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
         lines[1],
         format!(
             "id={} key={} skipped: expired; Users no longer keeps keys this old, so it cannot \
-             tell whether this one ran. Check whether student {waiting} has a user \
-             (users.student_id in the Users DB): if it does, link it with --link-user \
-             USER_ID; if not, use --new-key --checked-no-user",
+             tell whether this one ran. Use --new-key: it links the student's user if Users \
+             holds one, and gives a new key if it holds none",
             expired.id, expired.idempotency_key
         )
     );
     assert_eq!(lines[2], "requeued=0 linked=0 skipped=2 errors=0");
-    // --new-key alone is no check: the same advice. The operator checked (Users has no
-    // user for the student: the old key never ran) and says so.
+    // Users holds no user of the student, so the old key created none: a new key.
     let expired_id = expired.id.to_string();
-    let unchecked = stack.relay_command(&["retry-failed", "--id", &expired_id, "--new-key"]);
-    assert_eq!(unchecked.status.code(), Some(1), "{unchecked:?}");
-    assert!(
-        String::from_utf8_lossy(&unchecked.stdout).starts_with(lines[1]),
-        "{unchecked:?}"
+    let rekeyed = stack.relay_command(&["retry-failed", "--id", &expired_id, "--new-key"]);
+    assert_eq!(rekeyed.status.code(), Some(0), "{rekeyed:?}");
+    let row = stack
+        .outbox_rows()
+        .await
+        .into_iter()
+        .find(|row| row.id == expired.id)
+        .expect("the row");
+    assert_ne!(row.idempotency_key, expired.idempotency_key);
+    assert_eq!(
+        String::from_utf8_lossy(&rekeyed.stdout),
+        format!(
+            "id={} key={} requeued (new key; was {}): Users holds no user of student \
+             {waiting}\nrequeued=1 linked=0 skipped=0 errors=0\n",
+            expired.id, row.idempotency_key, expired.idempotency_key
+        )
     );
-    // Its questions about the old key were questions, not deliveries: the expired count
+    // Its question about the old key was a question, not a delivery: the expired count
     // (which pages) is still the one delivery's.
     let users = scrape(stack.metrics_addr("users-svc").await).await;
     let inbox = |result| {
@@ -982,14 +991,6 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
         (1.0, 1.0),
         "{users}"
     );
-    let rekeyed = stack.relay_command(&[
-        "retry-failed",
-        "--id",
-        &expired_id,
-        "--new-key",
-        "--checked-no-user",
-    ]);
-    assert_eq!(rekeyed.status.code(), Some(0), "{rekeyed:?}");
     // The new key is as young as the redrive, so Users executes it.
     stack.wait_until_all_linked(3).await;
     assert_eq!(users_and_inbox_rows(&stack.users_db).await.0, 4);

@@ -6,7 +6,7 @@
 
 use platform::failpoint::points;
 use proto::student::v1::{GetStudentRequest, Student, UserLinkStatus};
-use sea_orm::{EntityTrait, sea_query::Expr};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
 use student_store::entity::outbox::{self, FailureKind, OutboxStatus};
 use users_svc::entity::users;
 use uuid::Uuid;
@@ -28,10 +28,10 @@ on_both_backends!(
     an_exhausted_row_whose_user_was_disabled_meanwhile_gets_no_second_user,
     an_exhausted_update_users_applied_is_recorded_as_synced_and_the_next_change_follows,
     an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_change_follows,
-    an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly,
+    an_exhausted_row_whose_key_users_purged_is_linked_to_the_students_only_user,
     an_expired_update_takes_a_new_key_and_the_next_change_follows,
     an_exhausted_update_whose_key_users_purged_takes_a_new_key_at_once,
-    linking_another_user_than_the_one_the_rows_key_created_is_refused,
+    with_two_users_of_the_student_the_link_is_never_a_guess,
 );
 
 /// How long the restarted Users keeps keys ([`users_forgets_every_key`]).
@@ -304,10 +304,12 @@ async fn an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_
 /// longer tell "never executed" from "executed and purged" (`DELIVERY_EXPIRED`, not
 /// `NOT_IN_INBOX`), so `--new-key` does not give the row a new key, which would be refused
 /// for the document number the student's own user holds (or, that user disabled, create a
-/// second one), even once the relay itself failed the row as `expired`: the operator is
-/// told what to check. The student has a user, so the advice ends in `--link-user`, after
-/// which the student's update, held back meanwhile, reaches Users.
-async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend: Backend) {
+/// second one), even once the relay itself failed the row as `expired` and Users keeps keys
+/// longer again. Users' list of the student's users tells instead: it holds one, so that
+/// one is linked, and the student's update, held back meanwhile, reaches Users.
+async fn an_exhausted_row_whose_key_users_purged_is_linked_to_the_students_only_user(
+    backend: Backend,
+) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
@@ -317,28 +319,9 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
     users_forgets_every_key(&mut stack).await;
     let id = failed.id.to_string();
     let line = format!("id={} key={}", failed.id, failed.idempotency_key);
-    let advice = format!(
-        "{line} skipped: expired; Users no longer keeps keys this old, so it cannot tell \
-         whether this one ran. Check whether student {student_id} has a user \
-         (users.student_id in the Users DB): if it does, link it with --link-user USER_ID; \
-         if not, use --new-key --checked-no-user\n\
-         requeued=0 linked=0 skipped=1 errors=0\n"
-    );
-    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
-    assert_eq!((code, stdout), (Some(1), advice.clone()));
-    let row = stack.outbox_rows().await.remove(0);
-    assert_eq!(
-        (row.status, row.idempotency_key.as_str(), row.failure_kind),
-        (
-            OutboxStatus::Failed,
-            failed.idempotency_key.as_str(),
-            Some(FailureKind::Exhausted)
-        ),
-        "left as it was"
-    );
 
     // Requeued with its own key (safe), the relay sends it: Users refuses it as expired,
-    // and the row fails so. That is no check by the operator: still no new key.
+    // and the row fails so. Without --new-key it stays failed, with advice.
     retry_failed(&stack, &["--id", &id]);
     eventually("Users to refuse the old key", LINK_DEADLINE, || async {
         let row = stack.outbox_rows().await.remove(0);
@@ -346,16 +329,19 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
             .then_some(())
     })
     .await;
-    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
-    assert_eq!((code, stdout), (Some(1), advice.clone()));
-    // Nor once Users keeps keys longer (as the DeliveriesExpired alert suggests): the key
-    // is young enough again to be answered NOT_IN_INBOX, which says nothing of a key
-    // purged before.
-    stack
-        .restart_users_with(None, &["--inbox-retention", "1h"])
-        .await;
-    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
-    assert_eq!((code, stdout), (Some(1), advice));
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id]);
+    assert_eq!(
+        (code, stdout),
+        (
+            Some(1),
+            format!(
+                "{line} skipped: expired; Users no longer keeps keys this old, so it cannot \
+                 tell whether this one ran. Use --new-key: it links the student's user if \
+                 Users holds one, and gives a new key if it holds none\n\
+                 requeued=0 linked=0 skipped=1 errors=0\n"
+            )
+        )
+    );
     let student = student_of(&stack, &failed).await;
     assert_eq!(student.user_link_status(), UserLinkStatus::Failed);
     assert!(
@@ -369,8 +355,8 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
         "the one user, and no new key tried"
     );
 
-    // The operator finds the student's user in the Users DB and links it. Users is asked
-    // first: a user it does not have, or another student's, is refused, nothing written.
+    // --link-user asks Users first: a user it does not have, or another student's, is
+    // refused, nothing written.
     let user = the_user(&stack).await;
     let other_student = conflicting_user_request(1);
     let someone_else = stack
@@ -400,35 +386,29 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
             )
         );
     }
-    // One row, named, one ending: --link-user never with --all or --new-key, and
-    // --checked-no-user only with --id and --new-key.
+    // One row, named, one ending: --link-user never with --all or --new-key.
     let user_id = user.id.to_string();
     for args in [
         &["--all", "--link-user", &user_id][..],
-        &["--new-key", "--link-user", &user_id],
-        &["--all", "--new-key", "--checked-no-user"],
-        &["--id", &id, "--checked-no-user"],
-        &[
-            "--id",
-            &id,
-            "--new-key",
-            "--checked-no-user",
-            "--link-user",
-            &user_id,
-        ],
+        &["--id", &id, "--new-key", "--link-user", &user_id],
     ] {
         let (code, stdout) = retry_failed_exit(&stack, args);
         assert_eq!((code, stdout.as_str()), (Some(2), ""), "{args:?}");
     }
-    // The update waiting behind the row has a key as old as the rest (the redrive above
-    // dated it, and that too is past the horizon once Users keeps keys 2 s again):
-    // linking must date it again.
-    users_forgets_every_key(&mut stack).await;
-    let stdout = retry_failed(&stack, &["--id", &id, "--link-user", &user.id.to_string()]);
+    assert_eq!(stack.outbox_rows().await[0].status, OutboxStatus::Failed);
+
+    // Users keeps keys longer now (as the DeliveriesExpired alert suggests): the key is
+    // young enough again to be answered NOT_IN_INBOX, which says nothing of a key purged
+    // before. The student's users do: one.
+    stack
+        .restart_users_with(None, &["--inbox-retention", "1h"])
+        .await;
+    let stdout = retry_failed(&stack, &["--id", &id, "--new-key"]);
     assert_eq!(
         stdout,
         format!(
-            "{line} linked user={}: Users holds it for this student; not re-keyed\n\
+            "{line} linked user={}: Users holds it as the student's only user (the old key is \
+             too old to judge); not re-keyed\n\
              requeued=0 linked=1 skipped=0 errors=0\n",
             user.id
         )
@@ -453,10 +433,14 @@ async fn an_exhausted_row_whose_key_users_purged_is_not_rekeyed_blindly(backend:
         (renamed.first_name.as_str(), renamed.source_version),
         ("Renamed", 2)
     );
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await.0,
+        2,
+        "no new user"
+    );
     stack.assert_audit_clean(1);
     // Only a failed row's student is linked so.
-    let (code, stdout) =
-        retry_failed_exit(&stack, &["--id", &id, "--link-user", &user.id.to_string()]);
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--link-user", &user_id]);
     assert_eq!(
         (code, stdout),
         (
@@ -544,14 +528,18 @@ async fn rekey_and_apply_each_change_once(stack: &mut Stack, failed: &outbox::Mo
     );
 }
 
-/// `--link-user` with a user that exists and names the row's student, but is not the one
-/// the row's own key created (a student can have two users in Users: users.student_id is
-/// not unique): refused, since Users' inbox says which user the row stands for.
-async fn linking_another_user_than_the_one_the_rows_key_created_is_refused(backend: Backend) {
+/// A student with two users in Users (users.student_id is not unique: here one created by
+/// hand under another key). `--link-user` with the one the row's own key did not create is
+/// refused while Users' inbox still says which one the row stands for; once Users forgot
+/// the key, `--new-key` does not guess between the two but lists them, and the operator
+/// links one, which sends the student's update held back meanwhile.
+async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     let failed = exhaust_a_row_users_executed(&mut stack).await;
+    let student_id = failed.aggregate_id.to_string();
+    assert_eq!(stack.rename_student(&student_id, "Renamed").await, 2);
     let created = the_user(&stack).await;
     let second = stack
         .users_client()
@@ -561,34 +549,94 @@ async fn linking_another_user_than_the_one_the_rows_key_created_is_refused(backe
             first_name: "Second".into(),
             last_name: "User".into(),
             document_number: "DOC-SECOND".into(),
-            student_id: failed.aggregate_id.to_string(),
+            student_id: student_id.clone(),
         })
         .await
         .expect("a second user of the same student")
         .into_inner()
         .user_id;
-    let (code, stdout) = retry_failed_exit(
-        &stack,
-        &["--id", &failed.id.to_string(), "--link-user", &second],
-    );
+    let id = failed.id.to_string();
+    let line = format!("id={} key={}", failed.id, failed.idempotency_key);
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--link-user", &second]);
     assert_eq!(
         (code, stdout),
         (
             Some(2),
             format!(
-                "id={} key={} not linked: Users created user={} for this row's key; \
-                 --new-key links that one\nrequeued=0 linked=0 skipped=0 errors=1\n",
-                failed.id, failed.idempotency_key, created.id
+                "{line} not linked: Users created user={} for this row's key; --new-key links \
+                 that one\nrequeued=0 linked=0 skipped=0 errors=1\n",
+                created.id
             )
         )
     );
-    let row = stack.outbox_rows().await.remove(0);
+    assert_left_as_it_was(&stack, &failed).await;
+
+    // Users forgot every key, and the second user was disabled: both listed, oldest first.
+    users_forgets_every_key(&mut stack).await;
+    let second_id = Uuid::parse_str(&second).expect("uuid");
+    users::Entity::update_many()
+        .col_expr(users::Column::Enabled, Expr::value(false))
+        .filter(users::Column::Id.eq(second_id))
+        .exec(&stack.users_db)
+        .await
+        .expect("disable the second user");
+    let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
     assert_eq!(
-        (row.status, row.failure_kind),
-        (OutboxStatus::Failed, Some(FailureKind::Exhausted))
+        (code, stdout),
+        (
+            Some(1),
+            format!(
+                "{line} skipped: expired; Users no longer keeps keys this old, so it cannot \
+                 tell which of student {student_id}'s users this row created: {}, {second} \
+                 (disabled). Link one with --id {id} --link-user USER_ID\n\
+                 requeued=0 linked=0 skipped=1 errors=0\n",
+                created.id
+            )
+        )
+    );
+    assert_left_as_it_was(&stack, &failed).await;
+
+    // The operator links the first. The update waiting behind the row has a key as old as
+    // the rest (past the horizon): linking dates it, so it is executed, not refused.
+    let stdout = retry_failed(
+        &stack,
+        &["--id", &id, "--link-user", &created.id.to_string()],
     );
     assert_eq!(
-        student_of(&stack, &failed).await.user_link_status(),
+        stdout,
+        format!(
+            "{line} linked user={}: Users holds it for this student; not re-keyed\n\
+             requeued=0 linked=1 skipped=0 errors=0\n",
+            created.id
+        )
+    );
+    stack.wait_until_all_synced(1).await;
+    let renamed = stored_user(&stack.users_db, created.id).await;
+    assert_eq!(
+        (renamed.first_name.as_str(), renamed.source_version),
+        ("Renamed", 2)
+    );
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await.0,
+        2,
+        "no third user"
+    );
+}
+
+/// Asserts that the exhausted row `failed` is still failed under its own key, and its
+/// student unlinked.
+async fn assert_left_as_it_was(stack: &Stack, failed: &outbox::Model) {
+    let row = stack.outbox_rows().await.remove(0);
+    assert_eq!(
+        (row.status, row.failure_kind, row.idempotency_key.as_str()),
+        (
+            OutboxStatus::Failed,
+            Some(FailureKind::Exhausted),
+            failed.idempotency_key.as_str()
+        )
+    );
+    assert_eq!(
+        student_of(stack, failed).await.user_link_status(),
         UserLinkStatus::Failed
     );
 }

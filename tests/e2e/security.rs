@@ -8,7 +8,7 @@ use proto::{
     student::v1::student_service_client::StudentServiceClient,
     users::v1::{
         CreateUserRequest, CreateUsersRequest, DisableUserRequest, GetUserRequest,
-        UpdateUserRequest, users_service_client::UsersServiceClient,
+        ListUsersRequest, UpdateUserRequest, users_service_client::UsersServiceClient,
     },
 };
 use relay::{
@@ -181,6 +181,10 @@ async fn calls_without_the_token_are_unauthenticated_while_health_and_reflection
             .await
             .err(),
         anonymous.get_user(GetUserRequest::default()).await.err(),
+        anonymous
+            .list_users(ListUsersRequest::default())
+            .await
+            .err(),
         anonymous
             .update_user(UpdateUserRequest::default())
             .await

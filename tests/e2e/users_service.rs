@@ -1,7 +1,7 @@
 //! users-svc through its gRPC surface: the inbox makes CreateUser idempotent.
 
-use proto::users::v1::{CreateUserRequest, GetUserRequest};
-use sea_orm::{ConnectionTrait, EntityTrait, sea_query::Expr};
+use proto::users::v1::{CreateUserRequest, GetUserRequest, ListUsersRequest};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, sea_query::Expr};
 use tonic::{Code, Request, metadata::MetadataValue};
 use users_svc::entity::{
     inbox::{self, SavedOutcome},
@@ -32,6 +32,7 @@ on_both_backends!(
     a_rejected_key_repeated_where_memory_does_not_know_it_keeps_its_rejection,
     a_rejection_whose_commit_failed_is_not_remembered,
     get_user_returns_the_user_or_names_the_problem,
+    list_users_returns_a_students_users_oldest_first_or_names_the_problem,
     a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not,
     a_malformed_key_time_is_refused_naming_it,
 );
@@ -612,6 +613,89 @@ async fn get_user_returns_the_user_or_names_the_problem(backend: Backend) {
         .expect_err("malformed");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(status.message(), "invalid id: must be a hyphenated UUID");
+}
+
+/// ListUsers returns every user of the student, disabled ones too, oldest first (not in
+/// the order they were written: the first user's time is moved after the second's), each
+/// as GetUser returns it; none of another student's; nothing for a student without users;
+/// and names a malformed student id.
+async fn list_users_returns_a_students_users_oldest_first_or_names_the_problem(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let student_id = request("key-1").student_id;
+    let mut ids = Vec::new();
+    for (key, document_number, student) in [
+        ("key-1", "DOC-1001", student_id.as_str()),
+        ("key-2", "DOC-1002", student_id.as_str()),
+        ("key-3", "DOC-1003", "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8b"),
+    ] {
+        let created = users
+            .create_user(CreateUserRequest {
+                document_number: document_number.into(),
+                student_id: student.into(),
+                ..request(key)
+            })
+            .await
+            .expect("created");
+        ids.push(Uuid::parse_str(&created.into_inner().user_id).expect("uuid"));
+    }
+    // The first user is disabled, and now the newer of the two.
+    users::Entity::update_many()
+        .col_expr(users::Column::Enabled, Expr::value(false))
+        .col_expr(
+            users::Column::CreatedAt,
+            Expr::value(chrono::Utc::now() + chrono::TimeDelta::hours(1)),
+        )
+        .filter(users::Column::Id.eq(ids[0]))
+        .exec(&app.users_db)
+        .await
+        .expect("update the first user");
+    let listed = users
+        .list_users(ListUsersRequest {
+            student_id: student_id.clone(),
+        })
+        .await
+        .expect("listed")
+        .into_inner()
+        .users;
+    let mut expected = Vec::new();
+    for id in [ids[1], ids[0]] {
+        let user = users
+            .get_user(GetUserRequest { id: id.to_string() })
+            .await
+            .expect("found")
+            .into_inner();
+        expected.push(user);
+    }
+    assert_eq!(listed, expected);
+    assert_eq!(
+        listed.iter().map(|user| user.enabled).collect::<Vec<_>>(),
+        [true, false]
+    );
+
+    let none = users
+        .list_users(ListUsersRequest {
+            student_id: Uuid::now_v7().to_string(),
+        })
+        .await
+        .expect("listed")
+        .into_inner();
+    assert!(none.users.is_empty(), "{none:?}");
+    let status = users
+        .list_users(ListUsersRequest {
+            student_id: "nope".into(),
+        })
+        .await
+        .expect_err("malformed");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "invalid student_id: must be a hyphenated UUID"
+        )
+    );
 }
 
 /// Turns a valid request into one with a single invalid field.

@@ -7,11 +7,11 @@ use platform::{trace::TraceContext, validate};
 use proto::users::v1::{
     CreateUserRequest, CreateUserResponse, CreateUsersItem, CreateUsersRequest,
     CreateUsersResponse, CreateUsersResult, DisableUserRequest, DisableUserResponse,
-    GetUserRequest, ItemError, KEY_CREATED_AT_HEADER, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
-    UpdateUserRequest, UpdateUserResponse, User, create_users_result::Outcome,
-    users_service_server::UsersService,
+    GetUserRequest, ItemError, KEY_CREATED_AT_HEADER, ListUsersRequest, ListUsersResponse,
+    REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest, UpdateUserResponse, User,
+    create_users_result::Outcome, users_service_server::UsersService,
 };
-use sea_orm::{DatabaseConnection, EntityTrait};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
 use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
 use uuid::Uuid;
 
@@ -259,17 +259,44 @@ impl UsersService for UsersApi {
             .await
             .map_err(Error::from)?
             .ok_or(Error::NotFound(id))?;
-        Ok(Response::new(User {
-            id: user.id.to_string(),
-            email: user.email,
-            first_name: user.first_name,
-            last_name: user.last_name,
-            document_number: user.document_number,
-            student_id: user.student_id.to_string(),
-            enabled: user.enabled,
-            created_at: Some(platform::timestamp::to_proto(user.created_at)),
-            source_version: u64::try_from(user.source_version).unwrap_or_default(),
+        Ok(Response::new(user_message(user)))
+    }
+
+    #[tracing::instrument(name = "ListUsers", skip_all, fields(trace_id))]
+    async fn list_users(
+        &self,
+        request: Request<ListUsersRequest>,
+    ) -> Result<Response<ListUsersResponse>, Status> {
+        traced(&request);
+        let student_id = validate::uuid("student_id", &request.into_inner().student_id)
+            .map_err(metrics::invalid)
+            .map_err(Error::from)?;
+        // Through `users_student_id_idx`; a student has one user, rarely a few.
+        let users = users::Entity::find()
+            .filter(users::Column::StudentId.eq(student_id))
+            .order_by_asc(users::Column::CreatedAt)
+            .order_by_asc(users::Column::Id)
+            .all(&self.db)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(ListUsersResponse {
+            users: users.into_iter().map(user_message).collect(),
         }))
+    }
+}
+
+/// A stored user as the API returns it.
+fn user_message(user: users::Model) -> User {
+    User {
+        id: user.id.to_string(),
+        email: user.email,
+        first_name: user.first_name,
+        last_name: user.last_name,
+        document_number: user.document_number,
+        student_id: user.student_id.to_string(),
+        enabled: user.enabled,
+        created_at: Some(platform::timestamp::to_proto(user.created_at)),
+        source_version: u64::try_from(user.source_version).unwrap_or_default(),
     }
 }
 

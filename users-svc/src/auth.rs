@@ -1,6 +1,6 @@
 //! Bearer-token authentication of the Users API. Users creates accounts, so when tokens are
-//! configured only callers that present one of them (the relay, operators) may call
-//! CreateUser and GetUser. Health and reflection stay open: they reveal nothing and
+//! configured only callers that present one of them (the relay, operators) may call any
+//! UsersService method. Health and reflection stay open: they reveal nothing and
 //! monitors need them.
 //!
 //! Several tokens may be accepted at once, so a token is rotated without a failed call:

@@ -77,7 +77,7 @@ pub struct Config {
     /// Log lines as `text` or `json` (JSON lines carry `trace_id` as a field).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
     pub log_format: platform::telemetry::LogFormat,
-    /// Require `authorization: Bearer <token>` on CreateUser and GetUser (16 bytes or more).
+    /// Require `authorization: Bearer <token>` on every UsersService call (16 bytes or more).
     /// A comma-separated list accepts each of them, to rotate a token with no failed call.
     #[arg(long, env = "USERS_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,

@@ -10,8 +10,8 @@ use std::{
 
 use proto::users::v1::{
     CreateUserRequest, CreateUserResponse, CreateUsersRequest, CreateUsersResponse,
-    DisableUserRequest, DisableUserResponse, GetUserRequest, UpdateUserRequest, UpdateUserResponse,
-    User,
+    DisableUserRequest, DisableUserResponse, GetUserRequest, ListUsersRequest, ListUsersResponse,
+    UpdateUserRequest, UpdateUserResponse, User,
     users_service_server::{UsersService, UsersServiceServer},
 };
 use tokio::sync::Semaphore;
@@ -90,6 +90,13 @@ impl UsersService for ScriptedUsers {
         request: tonic::Request<GetUserRequest>,
     ) -> Result<tonic::Response<User>, tonic::Status> {
         self.real.get_user(request).await
+    }
+
+    async fn list_users(
+        &self,
+        request: tonic::Request<ListUsersRequest>,
+    ) -> Result<tonic::Response<ListUsersResponse>, tonic::Status> {
+        self.real.list_users(request).await
     }
 }
 
