@@ -18,6 +18,7 @@ use student_store::{
     effect::Effect,
     entity::outbox::{self as outbox_row, FailureKind},
     outbox::{self, Delivered, Problem, RecordError},
+    students,
 };
 use tonic::Code;
 use tracing::Instrument as _;
@@ -227,9 +228,18 @@ impl Relay {
                 return self.fail(&row, FailureKind::Rejected, &problem).await;
             }
         };
+        // A change goes to the user the student is linked to (its rows wait behind its
+        // create-user row, so it is linked by now), never to whichever user Users finds.
+        let user = match &effect {
+            Effect::CreateUser(_) => None,
+            Effect::UpdateUser(_) | Effect::DisableUser(_) => {
+                students::linked_user(&self.db, row.aggregate_id).await?
+            }
+        };
         let answer = self
             .call_until_answered(lease_ends, || {
-                self.users.deliver(Key::of(&row, trace), &effect, false)
+                self.users
+                    .deliver(Key::of(&row, trace), &effect, user, false)
             })
             .await;
         self.conclude(&row, &effect, answer).await

@@ -104,7 +104,7 @@ async fn replay_one(users: &UsersClient, row: &outbox_row::Model) -> Result<Answ
     let effect = Effect::decode(&row.effect_type, &row.payload).map_err(|err| err.to_string())?;
     let (trace, span) = row_trace(row);
     users
-        .deliver(Key::of(row, trace), &effect, true)
+        .deliver(Key::of(row, trace), &effect, None, true)
         .instrument(span)
         .await
         .map_err(|status| format!("{}: {}", code_name(status.code()), status.message()))

@@ -443,7 +443,7 @@ async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Resu
         .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
     let (trace, span) = row_trace(row);
     match users
-        .deliver(Key::of(row, trace), &effect, true)
+        .deliver(Key::of(row, trace), &effect, None, true)
         .instrument(span)
         .await
     {

@@ -233,12 +233,13 @@ impl UsersClient {
         Ok(response.into_inner().users)
     }
 
-    /// Sends an `update-user` effect under `key` (replay-only: answered from the inbox or
-    /// NOT_FOUND, never executed).
+    /// Sends an `update-user` effect under `key` to `user` (see [`UsersClient::deliver`])
+    /// (replay-only: answered from the inbox or NOT_FOUND, never executed).
     pub async fn update_user(
         &self,
         key: Key<'_>,
         payload: &UpdateUserPayload,
+        user: Option<Uuid>,
         replay_only: bool,
     ) -> Result<Answer, Status> {
         let request = Request::new(UpdateUserRequest {
@@ -248,6 +249,7 @@ impl UsersClient {
             last_name: payload.last_name.clone(),
             email: payload.email.clone(),
             source_version: payload.source_version,
+            user_id: named(user),
         });
         let response = self
             .send(
@@ -266,18 +268,20 @@ impl UsersClient {
         })
     }
 
-    /// Sends a `disable-user` effect under `key` (replay-only as for
+    /// Sends a `disable-user` effect under `key` to `user` (replay-only as for
     /// [`UsersClient::update_user`]).
     pub async fn disable_user(
         &self,
         key: Key<'_>,
         payload: &DisableUserPayload,
+        user: Option<Uuid>,
         replay_only: bool,
     ) -> Result<Answer, Status> {
         let request = Request::new(DisableUserRequest {
             idempotency_key: key.value.to_owned(),
             student_id: payload.student_id.to_string(),
             source_version: payload.source_version,
+            user_id: named(user),
         });
         let response = self
             .send(
@@ -296,17 +300,24 @@ impl UsersClient {
         })
     }
 
-    /// Sends `effect` under `key`: the one place that maps an effect to its Users call.
+    /// Sends `effect` under `key`: the one place that maps an effect to its Users call. A
+    /// change goes to `user`, the user its student is linked to (Users may hold several
+    /// for one student); `None` leaves the choice to Users (the student's first user),
+    /// which a replay-only question may do: it is answered from the inbox whatever user it
+    /// names.
     pub async fn deliver(
         &self,
         key: Key<'_>,
         effect: &Effect,
+        user: Option<Uuid>,
         replay_only: bool,
     ) -> Result<Answer, Status> {
         match effect {
             Effect::CreateUser(payload) => self.create_user(key, payload, replay_only).await,
-            Effect::UpdateUser(payload) => self.update_user(key, payload, replay_only).await,
-            Effect::DisableUser(payload) => self.disable_user(key, payload, replay_only).await,
+            Effect::UpdateUser(payload) => self.update_user(key, payload, user, replay_only).await,
+            Effect::DisableUser(payload) => {
+                self.disable_user(key, payload, user, replay_only).await
+            }
         }
     }
 
@@ -400,6 +411,11 @@ fn item_answer(result: CreateUsersResult) -> Result<Answer, Status> {
 }
 
 /// A user id from Users; anything else is Users' bug, reported as INTERNAL (transient).
+/// `user` as a request field: empty when not named.
+fn named(user: Option<Uuid>) -> String {
+    user.map(|user| user.to_string()).unwrap_or_default()
+}
+
 fn parse_user_id(user_id: &str) -> Result<Uuid, Status> {
     Uuid::try_parse(user_id).map_err(|_| Status::internal("Users returned a malformed user_id"))
 }

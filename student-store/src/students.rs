@@ -536,6 +536,19 @@ pub async fn find(db: &DatabaseConnection, id: Uuid) -> Result<Option<StudentVie
     }
 }
 
+/// The user student `id` is linked to: `None` while it has none, or if it does not exist.
+/// A change of the student goes to this user (`relay` names it in UpdateUser and
+/// DisableUser), since Users may hold several users for one student.
+pub async fn linked_user(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Uuid>, DbErr> {
+    let linked: Option<Option<Uuid>> = students::Entity::find_by_id(id)
+        .select_only()
+        .column(students::Column::UserId)
+        .into_tuple()
+        .one(db)
+        .await?;
+    Ok(linked.flatten())
+}
+
 /// One page of students, oldest first (ids are UUIDv7, so id order is creation order).
 pub struct StudentPage {
     pub students: Vec<StudentView>,

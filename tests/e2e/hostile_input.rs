@@ -487,6 +487,7 @@ fn update_user_fields_are_accepted_or_named(backend: Backend) {
                     last_name: "Name".into(),
                     email: "changed@example.edu".into(),
                     source_version: 2,
+                    user_id: String::new(),
                 };
                 let slot = match field {
                     0 => &mut request.idempotency_key,
@@ -576,6 +577,7 @@ fn deactivate_student_and_disable_user_fields_are_accepted_or_named(backend: Bac
                     },
                     student_id: if spoil_id { value.clone() } else { student_id },
                     source_version: 2,
+                    user_id: String::new(),
                 };
                 let key = request.idempotency_key.clone();
                 let before = users_and_inbox_rows(&app.users_db).await;

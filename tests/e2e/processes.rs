@@ -209,6 +209,7 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
             last_name: "Person".into(),
             email: "renamed@example.edu".into(),
             source_version: 2,
+            user_id: user_id.to_string(),
         })
         .await
         .expect("applied")

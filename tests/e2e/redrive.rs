@@ -530,9 +530,10 @@ async fn rekey_and_apply_each_change_once(stack: &mut Stack, failed: &outbox::Mo
 
 /// A student with two users in Users (users.student_id is not unique: here one created by
 /// hand under another key). `--link-user` with the one the row's own key did not create is
-/// refused while Users' inbox still says which one the row stands for; once Users forgot
-/// the key, `--new-key` does not guess between the two but lists them, and the operator
-/// links one, which sends the student's update held back meanwhile.
+/// refused while Users' inbox still says which one the row stands for. Once Users forgot
+/// the key (and the first user was disabled), `--new-key` does not guess between the two
+/// but lists them, and the operator links the second: the student's update, held back
+/// meanwhile, changes that one, the linked user, not the student's first.
 async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
@@ -571,15 +572,14 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
     );
     assert_left_as_it_was(&stack, &failed).await;
 
-    // Users forgot every key, and the second user was disabled: both listed, oldest first.
+    // Users forgot every key, and the first user was disabled: both listed, oldest first.
     users_forgets_every_key(&mut stack).await;
-    let second_id = Uuid::parse_str(&second).expect("uuid");
     users::Entity::update_many()
         .col_expr(users::Column::Enabled, Expr::value(false))
-        .filter(users::Column::Id.eq(second_id))
+        .filter(users::Column::Id.eq(created.id))
         .exec(&stack.users_db)
         .await
-        .expect("disable the second user");
+        .expect("disable the first user");
     let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--new-key"]);
     assert_eq!(
         (code, stdout),
@@ -587,8 +587,8 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
             Some(1),
             format!(
                 "{line} skipped: expired; Users no longer keeps keys this old, so it cannot \
-                 tell which of student {student_id}'s users this row created: {}, {second} \
-                 (disabled). Link one with --id {id} --link-user USER_ID\n\
+                 tell which of student {student_id}'s users this row created: {} (disabled), \
+                 {second}. Link one with --id {id} --link-user USER_ID\n\
                  requeued=0 linked=0 skipped=1 errors=0\n",
                 created.id
             )
@@ -596,31 +596,36 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
     );
     assert_left_as_it_was(&stack, &failed).await;
 
-    // The operator links the first. The update waiting behind the row has a key as old as
-    // the rest (past the horizon): linking dates it, so it is executed, not refused.
-    let stdout = retry_failed(
-        &stack,
-        &["--id", &id, "--link-user", &created.id.to_string()],
-    );
+    // The operator links the second. The update waiting behind the row has a key as old
+    // as the rest (past the horizon): linking dates it, so it is executed, not refused,
+    // and it names the linked user.
+    let stdout = retry_failed(&stack, &["--id", &id, "--link-user", &second]);
     assert_eq!(
         stdout,
         format!(
-            "{line} linked user={}: Users holds it for this student; not re-keyed\n\
-             requeued=0 linked=1 skipped=0 errors=0\n",
-            created.id
+            "{line} linked user={second}: Users holds it for this student; not re-keyed\n\
+             requeued=0 linked=1 skipped=0 errors=0\n"
         )
     );
     stack.wait_until_all_synced(1).await;
-    let renamed = stored_user(&stack.users_db, created.id).await;
+    let second = Uuid::parse_str(&second).expect("uuid");
+    let renamed = stored_user(&stack.users_db, second).await;
     assert_eq!(
         (renamed.first_name.as_str(), renamed.source_version),
         ("Renamed", 2)
+    );
+    let first = stored_user(&stack.users_db, created.id).await;
+    assert_eq!(
+        (first.first_name, first.source_version, first.enabled),
+        (created.first_name, 1, false),
+        "the student's first user is not its linked one: left alone"
     );
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await.0,
         2,
         "no third user"
     );
+    stack.assert_audit_clean(1);
 }
 
 /// Asserts that the exhausted row `failed` is still failed under its own key, and its

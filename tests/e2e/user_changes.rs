@@ -25,6 +25,7 @@ on_both_backends!(
     change_keys_follow_the_inbox_rules,
     disabling_frees_the_document_number,
     a_change_goes_to_the_students_first_user_should_there_be_two,
+    a_change_naming_its_user_goes_to_that_one_if_it_is_the_students,
 );
 
 const STUDENT: &str = "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a";
@@ -54,6 +55,7 @@ fn update(key: &str, first_name: &str, version: u64) -> UpdateUserRequest {
         last_name: "Pérez".into(),
         email: "ana.perez@example.edu".into(),
         source_version: version,
+        user_id: String::new(),
     }
 }
 
@@ -62,6 +64,7 @@ fn disable(key: &str, version: u64) -> DisableUserRequest {
         idempotency_key: key.into(),
         student_id: STUDENT.into(),
         source_version: version,
+        user_id: String::new(),
     }
 }
 
@@ -255,6 +258,13 @@ async fn change_keys_follow_the_inbox_rules(backend: Backend) {
             },
             "student_id",
         ),
+        (
+            UpdateUserRequest {
+                user_id: "nope".into(),
+                ..update("k", "Second", 2)
+            },
+            "user_id",
+        ),
     ] {
         let status = users.update_user(request).await.expect_err(field);
         assert_eq!(status.code(), Code::InvalidArgument);
@@ -364,4 +374,118 @@ async fn a_change_goes_to_the_students_first_user_should_there_be_two(backend: B
         ),
         ("Ana", true, 1)
     );
+}
+
+/// A change that names its user (as the relay does: the user the student is linked to)
+/// goes to that one even when it is not the student's first; the same key naming another
+/// user is still the same request (its saved answer, not IDEMPOTENCY_KEY_REUSED: the
+/// fingerprint leaves the user out, so keys saved before callers named one stay valid). A
+/// user Users does not have, or another student's, is refused, and nothing is saved.
+async fn a_change_naming_its_user_goes_to_that_one_if_it_is_the_students(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let first = create_user(&app).await;
+    let mut users = app.users.clone();
+    let another_user = |key: &str, document_number: &str, student_id: String| {
+        let mut users = app.users.clone();
+        let request = CreateUserRequest {
+            idempotency_key: key.into(),
+            email: "ana.again@example.edu".into(),
+            first_name: "Ana".into(),
+            last_name: "Pérez".into(),
+            document_number: document_number.into(),
+            student_id,
+        };
+        async move {
+            users
+                .create_user(request)
+                .await
+                .expect("created")
+                .into_inner()
+                .user_id
+        }
+    };
+    let second = another_user("create-2", "DOC-2002", STUDENT.into()).await;
+    let someone_else = another_user("create-3", "DOC-3003", Uuid::now_v7().to_string()).await;
+    let to = |user_id: &str, request: UpdateUserRequest| UpdateUserRequest {
+        user_id: user_id.into(),
+        ..request
+    };
+
+    let updated = users
+        .update_user(to(&second, update("u2", "Renamed", 2)))
+        .await
+        .expect("applied")
+        .into_inner();
+    assert_eq!(
+        (updated.user_id.as_str(), updated.applied),
+        (second.as_str(), true)
+    );
+    let again = users
+        .update_user(to(&first, update("u2", "Renamed", 2)))
+        .await
+        .expect("the saved answer");
+    assert_eq!(
+        again.metadata().get("idempotent-replayed"),
+        Some(&MetadataValue::from_static("true"))
+    );
+    assert_eq!(again.into_inner().user_id, second);
+    let disabled = users
+        .disable_user(DisableUserRequest {
+            user_id: second.clone(),
+            ..disable("d3", 3)
+        })
+        .await
+        .expect("applied")
+        .into_inner();
+    assert_eq!(
+        (disabled.user_id.as_str(), disabled.applied),
+        (second.as_str(), true)
+    );
+    let changed = user(&app, &second).await;
+    assert_eq!(
+        (
+            changed.first_name.as_str(),
+            changed.enabled,
+            changed.source_version
+        ),
+        ("Renamed", false, 3)
+    );
+    let untouched = user(&app, &first).await;
+    assert_eq!(
+        (
+            untouched.first_name.as_str(),
+            untouched.enabled,
+            untouched.source_version
+        ),
+        ("Ana", true, 1)
+    );
+
+    let before = users_and_inbox_rows(&app.users_db).await;
+    let unknown = Uuid::now_v7().to_string();
+    let status = users
+        .update_user(to(&unknown, update("u4", "Other", 4)))
+        .await
+        .expect_err("no such user");
+    assert_eq!(reason(&status), (Code::NotFound, "USER_NOT_FOUND".into()));
+    assert_eq!(status.message(), format!("user {unknown} not found"));
+    let status = users
+        .disable_user(DisableUserRequest {
+            user_id: someone_else.clone(),
+            ..disable("d4", 4)
+        })
+        .await
+        .expect_err("another student's user");
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "USER_OF_ANOTHER_STUDENT".into())
+    );
+    assert_eq!(
+        status.message(),
+        format!("user {someone_else} is not a user of student {STUDENT}")
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, before);
+    let other = user(&app, &someone_else).await;
+    assert_eq!((other.enabled, other.source_version), (true, 1));
 }

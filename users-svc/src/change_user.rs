@@ -31,6 +31,9 @@ use crate::{
 pub struct UserChange {
     pub idempotency_key: String,
     pub student_id: Uuid,
+    /// The user to change, when the caller names it (the one its student is linked to);
+    /// else the student's first user. Not part of the fingerprint ([`Self::request_hash`]).
+    pub user_id: Option<Uuid>,
     pub source_version: i64,
     pub change: Change,
 }
@@ -58,6 +61,7 @@ impl TryFrom<UpdateUserRequest> for UserChange {
         Ok(Self {
             idempotency_key: request.idempotency_key,
             student_id,
+            user_id: user_id(&request.user_id)?,
             source_version: source_version(request.source_version)?,
             change: Change::Update {
                 first_name: request.first_name,
@@ -77,9 +81,18 @@ impl TryFrom<DisableUserRequest> for UserChange {
         Ok(Self {
             idempotency_key: request.idempotency_key,
             student_id,
+            user_id: user_id(&request.user_id)?,
             source_version: source_version(request.source_version)?,
             change: Change::Disable,
         })
+    }
+}
+
+/// The user a change names: none when `value` is empty.
+fn user_id(value: &str) -> Result<Option<Uuid>, validate::FieldViolation> {
+    match value {
+        "" => Ok(None),
+        value => validate::uuid("user_id", value).map(Some),
     }
 }
 
@@ -97,7 +110,9 @@ fn source_version(value: u64) -> Result<i64, validate::FieldViolation> {
 impl UserChange {
     /// The request's fingerprint: a tag naming the RPC, then its fields in a fixed order
     /// (`student_id` as a lowercase hyphenated UUID, `source_version` in decimal). The tag
-    /// keeps one key sent to two RPCs from ever looking like the same request.
+    /// keeps one key sent to two RPCs from ever looking like the same request. `user_id`
+    /// is left out: it says where the change goes, not what it is, and a key stored before
+    /// callers named it must still be the same request when sent again naming it.
     pub fn request_hash(&self) -> String {
         let fingerprint = match &self.change {
             Change::Update {
@@ -164,16 +179,32 @@ async fn apply_with_inbox(
     saved_at: chrono::DateTime<chrono::Utc>,
 ) -> Result<SavedOutcome, Error> {
     let txn = begin_write(db).await?;
-    // The user created for the student (the first, should Users hold several): locked, so
-    // concurrent changes of one user are judged one after the other.
-    let user = users::Entity::find()
-        .filter(users::Column::StudentId.eq(change.student_id))
-        .order_by_asc(users::Column::CreatedAt)
-        .order_by_asc(users::Column::Id)
-        .lock_exclusive()
-        .one(&txn)
-        .await?
-        .ok_or(Error::NoUserForStudent(change.student_id))?;
+    // The user the change names, or else the student's first: locked, so concurrent
+    // changes of one user are judged one after the other.
+    let user = match change.user_id {
+        Some(user_id) => {
+            let user = users::Entity::find_by_id(user_id)
+                .lock_exclusive()
+                .one(&txn)
+                .await?
+                .ok_or(Error::NotFound(user_id))?;
+            if user.student_id != change.student_id {
+                return Err(Error::UserOfAnotherStudent {
+                    user_id,
+                    student_id: change.student_id,
+                });
+            }
+            user
+        }
+        None => users::Entity::find()
+            .filter(users::Column::StudentId.eq(change.student_id))
+            .order_by_asc(users::Column::CreatedAt)
+            .order_by_asc(users::Column::Id)
+            .lock_exclusive()
+            .one(&txn)
+            .await?
+            .ok_or(Error::NoUserForStudent(change.student_id))?,
+    };
     let applied = change.source_version > user.source_version;
     if applied {
         let mut updated = users::ActiveModel {
@@ -235,6 +266,7 @@ mod tests {
             last_name: "Gómez".into(),
             email: "ana.gomez@example.edu".into(),
             source_version: 2,
+            user_id: String::new(),
         }
     }
 
@@ -257,6 +289,7 @@ mod tests {
             idempotency_key: "k-1".into(),
             student_id: update().student_id,
             source_version: 2,
+            user_id: String::new(),
         })
         .expect("valid");
         assert_ne!(base.request_hash(), disable.request_hash());
@@ -283,6 +316,7 @@ mod tests {
             idempotency_key: "k-1".into(),
             student_id: student_id.to_uppercase(),
             source_version: 12,
+            user_id: String::new(),
         })
         .expect("valid");
         assert_eq!(

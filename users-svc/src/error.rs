@@ -25,6 +25,8 @@ pub enum Error {
     DeliveryExpired(crate::inbox::KeyAge),
     #[error("no user exists for student {0}")]
     NoUserForStudent(Uuid),
+    #[error("user {user_id} is not a user of student {student_id}")]
+    UserOfAnotherStudent { user_id: Uuid, student_id: Uuid },
     #[error("database error")]
     Db(#[from] DbErr),
 }
@@ -43,6 +45,12 @@ impl From<Error> for Status {
             Error::NoUserForStudent(_) => {
                 status::with_reason(Code::NotFound, message, "USER_NOT_FOUND", DOMAIN)
             }
+            Error::UserOfAnotherStudent { .. } => status::with_reason(
+                Code::FailedPrecondition,
+                message,
+                "USER_OF_ANOTHER_STUDENT",
+                DOMAIN,
+            ),
             Error::NotInInbox => {
                 status::with_reason(Code::NotFound, message, "NOT_IN_INBOX", DOMAIN)
             }
@@ -81,6 +89,13 @@ mod tests {
             ),
             (Error::NotFound(Uuid::nil()), Code::NotFound),
             (Error::NotInInbox, Code::NotFound),
+            (
+                Error::UserOfAnotherStudent {
+                    user_id: Uuid::nil(),
+                    student_id: Uuid::max(),
+                },
+                Code::FailedPrecondition,
+            ),
             (Error::KeyReused, Code::FailedPrecondition),
             (
                 Error::Db(DbErr::Custom("relation \"users\" does not exist".into())),

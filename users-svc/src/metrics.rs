@@ -57,7 +57,8 @@ pub fn inbox_request(rpc: &'static str, answer: &Result<Answer, Error>) {
             rejected("DELIVERY_EXPIRED");
             "expired"
         }
-        // The database failed: the inbox decided nothing (gRPC metrics count the INTERNAL).
+        // The inbox decided nothing: the database failed, or the change has no user to go
+        // to (gRPC metrics count the status).
         Err(_) => return,
     };
     metrics::counter!(INBOX_REQUESTS, "rpc" => rpc, "result" => result).increment(1);
