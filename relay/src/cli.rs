@@ -93,15 +93,14 @@ pub struct RetryFailedArgs {
     pub rows: RetryFailedRows,
     /// Give each row a fresh idempotency key: explicitly a new operation. Required for rows
     /// Users rejected, which would otherwise get the same saved rejection again. A row whose
-    /// old key Users did execute is linked to that user and marked done instead; a
-    /// create-user row whose old key is too old for Users to judge is linked to its
-    /// student's only user, re-keyed if the student has none, skipped if it has several.
+    /// old key Users did execute is linked to that user and marked done instead; any other
+    /// create-user row is linked to its student's only user in Users, re-keyed only if the
+    /// student has none, skipped if it has several.
     #[arg(long)]
     pub new_key: bool,
     /// Link this user (its id) to the student of the failed create-user row `--id` names,
-    /// and mark the row done: for a row whose old key Users can no longer judge (expired)
-    /// and whose student has several users in Users, which --new-key leaves to the
-    /// operator. Users is asked first: the user must exist and name that student, and the
+    /// and mark the row done: for a row whose student has several users in Users, which
+    /// --new-key leaves to the operator. Users is asked first: the user must exist and name that student, and the
     /// row's own key must not have created another one.
     #[arg(long, requires = "id", conflicts_with_all = ["new_key", "all"])]
     pub link_user: Option<Uuid>,

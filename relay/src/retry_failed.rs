@@ -10,18 +10,17 @@
 //! attempts): a new key would then be judged as a second operation, rejected because the
 //! student's own user holds the document number (the student stranded, FAILED forever), or
 //! executed if that user was disabled meanwhile (a second user). So Users is first asked,
-//! replay-only, what the old key got: a created user is linked and the row marked `done`;
-//! only a key Users never executed (`NOT_IN_INBOX`) or a saved rejection lets the row take
-//! a new key without more ado.
+//! replay-only, what the old key got: a created user is linked and the row marked `done`.
 //!
-//! A key older than Users' inbox retention that is not in its inbox may have run and been
-//! purged: Users answers the question `DELIVERY_EXPIRED`, not `NOT_IN_INBOX`. A change may
-//! then take a new key (Users applies each student version at most once). For a create-user
-//! row the student's users in Users tell instead (ListUsers; users are never deleted): none
-//! means the old key created nothing, so the row takes a new key; one is the user the row
-//! stands for, so it is linked; several are left to the operator (`--link-user`,
-//! [`link_user`]). A row Users refused so (`expired`) is never redriven without
-//! `--new-key`.
+//! Any other answer says nothing about the student for a create-user row: a key older than
+//! Users' inbox retention that it does not hold may have run and been purged (Users answers
+//! `DELIVERY_EXPIRED`), a key purged before Users kept keys longer reads `NOT_IN_INBOX`,
+//! and a saved rejection may be the student's own user, created under an earlier key,
+//! holding the number. So such a row takes a new key only if Users holds no user of its
+//! student (ListUsers; Users never deletes a user): one is the user the row stands for, and
+//! is linked; several are left to the operator (`--link-user`, [`link_user`]). A change
+//! takes its new key whatever became of the old one (Users applies each student version at
+//! most once). An `expired` row is never redriven without `--new-key`.
 //!
 //! The question is safe to ask: a `failed` row is held by no relay, and every send ends
 //! inside its lease, so no call with the old key is still on its way to Users.
@@ -79,30 +78,13 @@ impl RetrySummary {
 
 /// What Users' inbox says about a failed row's old key.
 enum OldKey {
-    /// Never executed: a new key starts the operation afresh. (A key young enough for
-    /// Users to still keep it, had it run: Users answers an older one [`OldKey::Unknowable`].)
-    NotExecuted,
-    /// Executed and rejected: nothing was created, a new key is a new operation.
-    Rejected,
     /// Executed: the user was created (or changed) for this row.
     Executed(Delivered),
-    /// Older than Users keeps keys, and not in its inbox: never executed, or executed and
-    /// purged. Users cannot tell.
-    Unknowable,
-}
-
-impl OldKey {
-    /// This answer about `row`'s key, given what the row already knows: a key Users once
-    /// refused as past its horizon (the row failed as `expired`) cannot be judged by a later
-    /// `NOT_IN_INBOX` either, which only says that Users keeps keys longer now (its
-    /// retention was raised) and that this one is not among them, since it may have been
-    /// purged before.
-    fn given(self, row: &outbox_row::Model) -> Self {
-        match self {
-            Self::NotExecuted if row.failure_kind == Some(FailureKind::Expired) => Self::Unknowable,
-            answer => answer,
-        }
-    }
+    /// Nothing the key created: it is not in the inbox (never executed; or, past the
+    /// horizon or purged before Users kept keys longer, executed and purged), or its saved
+    /// answer is a rejection. Which, and whether another key created the student's user,
+    /// the key cannot say.
+    NothingKnown,
 }
 
 /// What `retry-failed` may do with the selected rows' keys.
@@ -162,10 +144,7 @@ pub async fn retry_failed(
             }
             continue;
         }
-        match ask_about_old_key(users, &row)
-            .await
-            .map(|answer| answer.given(&row))
-        {
+        match ask_about_old_key(users, &row).await {
             Err(problem) => {
                 writeln!(out, "{line} not re-keyed: {problem}")?;
                 summary.errors += 1;
@@ -174,14 +153,14 @@ pub async fn retry_failed(
                 let found = "Users had executed this key";
                 link(db, &row, delivered, found, out, &mut summary).await?;
             }
-            // No key can tell what became of this one: the student's users can.
-            Ok(OldKey::Unknowable) if row.effect_type == CREATE_USER => {
+            // Nothing about this key tells whether the student has a user: Users' list does.
+            Ok(OldKey::NothingKnown) if row.effect_type == CREATE_USER => {
                 by_students_users(db, users, &row, out, &mut summary).await?;
             }
             // A change may take a new key whatever became of the old one: Users applies each
             // student version at most once, so a version it applied already is answered
             // `applied=false` and the row recorded synced.
-            Ok(OldKey::NotExecuted | OldKey::Rejected | OldKey::Unknowable) => {
+            Ok(OldKey::NothingKnown) => {
                 rekey(db, &row, None, out, &mut summary).await?;
             }
         }
@@ -189,10 +168,10 @@ pub async fn retry_failed(
     finish(summary, out)
 }
 
-/// Settles a failed create-user row whose old key Users can no longer judge by the users
-/// Users holds for its student (it never deletes one): none, so the old key created
-/// nothing and the row takes a new key; one, the user the row stands for, linked; several,
-/// left to the operator (`--link-user`), since nothing here can tell which the key created.
+/// Settles a failed create-user row whose old key created no user that Users knows of, by
+/// the users Users holds for its student (it never deletes one): none, so no key of the
+/// row created one and it takes a new key; one, the user the row stands for, linked;
+/// several, left to the operator (`--link-user`), since nothing here tells which.
 async fn by_students_users(
     db: &DatabaseConnection,
     users: &UsersClient,
@@ -215,8 +194,7 @@ async fn by_students_users(
             rekey(db, row, Some(&why), out, summary).await
         }
         [(user_id, _)] => {
-            let found =
-                "Users holds it as the student's only user (the old key is too old to judge)";
+            let found = "Users holds it as the student's only user";
             link(
                 db,
                 row,
@@ -237,9 +215,8 @@ async fn by_students_users(
                 .collect();
             writeln!(
                 out,
-                "{line} skipped: expired; Users no longer keeps keys this old, so it cannot \
-                 tell which of student {}'s users this row created: {}. Link one with --id {} \
-                 --link-user USER_ID",
+                "{line} skipped: student {} has several users in Users, and nothing tells \
+                 which one this row stands for: {}. Link one with --id {} --link-user USER_ID",
                 row.aggregate_id,
                 listed.join(", "),
                 row.id
@@ -251,9 +228,8 @@ async fn by_students_users(
 }
 
 /// Links `user_id` to the student of the failed create-user row `id` and marks the row
-/// `done` (`retry-failed --id N --link-user U`): for a row whose old key Users can no
-/// longer judge and whose student has several users, which `--new-key` leaves to the
-/// operator (it links an only user itself). Users is asked
+/// `done` (`retry-failed --id N --link-user U`): for a row whose student has several users,
+/// which `--new-key` leaves to the operator (it links an only user itself). Users is asked
 /// first: the user must exist and name the row's student, and the row's own key must not
 /// have created another one; the link is recorded as a delivery found in the inbox would
 /// be (fenced by the row's status and key, never over another link).
@@ -452,13 +428,13 @@ async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Resu
             if status.code() == Code::NotFound
                 && platform::status::reason(&status).as_deref() == Some("NOT_IN_INBOX") =>
         {
-            Ok(OldKey::NotExecuted)
+            Ok(OldKey::NothingKnown)
         }
         Err(status) if platform::status::reason(&status).as_deref() == Some(DELIVERY_EXPIRED) => {
-            Ok(OldKey::Unknowable)
+            Ok(OldKey::NothingKnown)
         }
         // The key's saved answer is a rejection: nothing was created under it.
-        Err(status) if was_replayed(&status) => Ok(OldKey::Rejected),
+        Err(status) if was_replayed(&status) => Ok(OldKey::NothingKnown),
         Err(status) => Err(format!(
             "cannot ask Users about the old key: {}: {}",
             code_name(status.code()),

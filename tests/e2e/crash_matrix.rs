@@ -767,8 +767,9 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
     assert_eq!(
         stdout,
         format!(
-            "id={} key={} requeued (new key; was {})\nrequeued=1 linked=0 skipped=0 errors=0\n",
-            failed.id, rekeyed.idempotency_key, failed.idempotency_key
+            "id={} key={} requeued (new key; was {}): Users holds no user of student {}\n\
+             requeued=1 linked=0 skipped=0 errors=0\n",
+            failed.id, rekeyed.idempotency_key, failed.idempotency_key, failed.aggregate_id
         )
     );
     // A new key is a new operation: Users judges it afresh and, the conflict still being

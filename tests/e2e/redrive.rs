@@ -32,6 +32,8 @@ on_both_backends!(
     an_expired_update_takes_a_new_key_and_the_next_change_follows,
     an_exhausted_update_whose_key_users_purged_takes_a_new_key_at_once,
     with_two_users_of_the_student_the_link_is_never_a_guess,
+    an_exhausted_row_first_asked_after_users_kept_keys_longer_is_linked_not_rekeyed,
+    a_row_rejected_because_its_students_own_user_holds_the_number_is_linked,
 );
 
 /// How long the restarted Users keeps keys ([`users_forgets_every_key`]).
@@ -407,8 +409,7 @@ async fn an_exhausted_row_whose_key_users_purged_is_linked_to_the_students_only_
     assert_eq!(
         stdout,
         format!(
-            "{line} linked user={}: Users holds it as the student's only user (the old key is \
-             too old to judge); not re-keyed\n\
+            "{line} linked user={}: Users holds it as the student's only user; not re-keyed\n\
              requeued=0 linked=1 skipped=0 errors=0\n",
             user.id
         )
@@ -586,9 +587,9 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
         (
             Some(1),
             format!(
-                "{line} skipped: expired; Users no longer keeps keys this old, so it cannot \
-                 tell which of student {student_id}'s users this row created: {} (disabled), \
-                 {second}. Link one with --id {id} --link-user USER_ID\n\
+                "{line} skipped: student {student_id} has several users in Users, and nothing \
+                 tells which one this row stands for: {} (disabled), {second}. Link one with \
+                 --id {id} --link-user USER_ID\n\
                  requeued=0 linked=0 skipped=1 errors=0\n",
                 created.id
             )
@@ -624,6 +625,91 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
         users_and_inbox_rows(&stack.users_db).await.0,
         2,
         "no third user"
+    );
+    stack.assert_audit_clean(1);
+}
+
+/// The worst luck, Users purged the key, and then Users was set to keep keys longer (as
+/// the DeliveriesExpired alert suggests) before anyone asked: the key is young again for
+/// Users, which answers the question `NOT_IN_INBOX`, "never executed", which is not so.
+/// The student's user in Users is what tells: it is linked, and no second key is tried.
+async fn an_exhausted_row_first_asked_after_users_kept_keys_longer_is_linked_not_rekeyed(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let failed = exhaust_a_row_users_executed(&mut stack).await;
+    users_forgets_every_key(&mut stack).await;
+    stack
+        .restart_users_with(None, &["--inbox-retention", "1h"])
+        .await;
+    let user = the_user(&stack).await;
+    let stdout = retry_failed(&stack, &["--id", &failed.id.to_string(), "--new-key"]);
+    assert_eq!(
+        stdout,
+        format!(
+            "id={} key={} linked user={}: Users holds it as the student's only user; not \
+             re-keyed\nrequeued=0 linked=1 skipped=0 errors=0\n",
+            failed.id, failed.idempotency_key, user.id
+        )
+    );
+    stack.wait_until_all_linked(1).await;
+    assert_eq!(
+        student_of(&stack, &failed).await.user_id,
+        user.id.to_string()
+    );
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (1, 0),
+        "no second user, and no new key tried"
+    );
+    stack.assert_audit_clean(1);
+}
+
+/// A row given a new key blindly after its first key had created the student's user (as a
+/// relay before this check did) is rejected: the student's own user holds the document
+/// number. Its saved rejection says nothing was created under that key, yet the student
+/// has a user: `--new-key` links it instead of trying a third key, rejected again.
+async fn a_row_rejected_because_its_students_own_user_holds_the_number_is_linked(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let failed = exhaust_a_row_users_executed(&mut stack).await;
+    let blind = format!("blind-{}", Uuid::now_v7());
+    assert!(
+        student_store::outbox::redrive(&stack.student_db, &failed, &blind)
+            .await
+            .expect("re-keyed")
+    );
+    let rejected = eventually("the blind key to be rejected", LINK_DEADLINE, || async {
+        let row = stack.outbox_rows().await.remove(0);
+        (row.status == OutboxStatus::Failed && row.idempotency_key == blind).then_some(row)
+    })
+    .await;
+    assert_eq!(
+        (rejected.failure_kind, rejected.error_code.as_deref()),
+        (Some(FailureKind::Rejected), Some("DOCUMENT_NUMBER_TAKEN"))
+    );
+    let user = the_user(&stack).await;
+    let stdout = retry_failed(&stack, &["--id", &failed.id.to_string(), "--new-key"]);
+    assert_eq!(
+        stdout,
+        format!(
+            "id={} key={blind} linked user={}: Users holds it as the student's only user; not \
+             re-keyed\nrequeued=0 linked=1 skipped=0 errors=0\n",
+            failed.id, user.id
+        )
+    );
+    stack.wait_until_all_linked(1).await;
+    assert_eq!(
+        student_of(&stack, &failed).await.user_id,
+        user.id.to_string()
+    );
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await,
+        (1, 2),
+        "one user; the first key and the rejected one"
     );
     stack.assert_audit_clean(1);
 }

@@ -398,8 +398,9 @@ async fn an_exhausted_row_takes_a_new_key_only_once_users_says_the_old_one_never
     assert_eq!(
         String::from_utf8(out).expect("utf-8"),
         format!(
-            "id={} key={} requeued (new key; was {})\nrequeued=1 linked=0 skipped=0 errors=0\n",
-            failed.id, rekeyed.idempotency_key, failed.idempotency_key
+            "id={} key={} requeued (new key; was {}): Users holds no user of student {}\n\
+             requeued=1 linked=0 skipped=0 errors=0\n",
+            failed.id, rekeyed.idempotency_key, failed.idempotency_key, failed.aggregate_id
         )
     );
     assert_eq!(
