@@ -1,8 +1,11 @@
 //! `relay audit`: checks that the two databases agree, across the service boundary, asking
-//! Users only through its gRPC API (`GetUser`):
+//! Users only through its gRPC API (`ListUsers`, and `GetUser` for a linked user that is
+//! not among its student's):
 //! - every `done` row's result is the user its student is linked to;
 //! - no `done` row's student lacks a link;
 //! - every linked user exists in Users and points back to its student;
+//! - Users holds no other user for a linked student (a second login for one student, which
+//!   a change never reaches: the relay names the linked user);
 //! - no two students share a user.
 //!
 //! One line per problem, then `checked=N problems=N` (N students). Reads only; safe while
@@ -21,7 +24,7 @@ use crate::users_client::UsersClient;
 
 /// Students read from the Student DB at a time.
 const PAGE: u64 = 500;
-/// `GetUser` calls in flight at once.
+/// Users calls in flight at once.
 const LOOKUPS_IN_FLIGHT: usize = 16;
 /// How often one lookup may be shed before the audit gives up (exit 2), and the wait when
 /// Users does not say how long.
@@ -70,10 +73,10 @@ pub async fn audit(
         let page = audit::students_page(db, after, PAGE).await?;
         let Some(last) = page.last() else { break };
         after = Some(last.id);
-        let owners = owners_of_linked_users(users, &page).await?;
+        let held = held_for_linked_students(users, &page).await?;
         for student in &page {
             summary.checked += 1;
-            for line in student_problems(student, &owners) {
+            for line in student_problems(student, &held) {
                 problem(line, out)?;
             }
         }
@@ -86,53 +89,95 @@ pub async fn audit(
     Ok(summary)
 }
 
-/// For each linked user of `page`, the student Users says it belongs to (`None`: Users
-/// has no such user).
-async fn owners_of_linked_users(
+/// What Users holds for one linked student.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    /// The users Users holds for the student, oldest first.
+    users: Vec<Uuid>,
+    /// When the linked user is not among them: the student Users says it belongs to
+    /// (`None`: Users has no such user).
+    linked_owner: Option<Option<String>>,
+}
+
+/// What Users holds for each linked student of `page` (by student id).
+async fn held_for_linked_students(
     users: &UsersClient,
     page: &[AuditedStudent],
-) -> anyhow::Result<HashMap<Uuid, Option<String>>> {
-    let linked: Vec<Uuid> = page.iter().filter_map(|student| student.user_id).collect();
-    let answers: Vec<(Uuid, Result<Option<String>, tonic::Status>)> = futures::stream::iter(linked)
-        .map(|user| async move { (user, owner_of(users, user).await) })
-        .buffer_unordered(LOOKUPS_IN_FLIGHT)
-        .collect()
-        .await;
-    answers
-        .into_iter()
-        .map(|(user, owner)| {
-            owner.map(|owner| (user, owner)).map_err(|status| {
-                anyhow::anyhow!(
-                    "cannot ask Users about user {user}: {}: {}",
-                    platform::status::code_name(status.code()),
-                    status.message()
-                )
-            })
+) -> anyhow::Result<HashMap<Uuid, Held>> {
+    let linked: Vec<(Uuid, Uuid)> = page
+        .iter()
+        .filter_map(|student| Some((student.id, student.user_id?)))
+        .collect();
+    futures::stream::iter(linked)
+        .map(|(student, link)| async move {
+            held_for(users, student, link)
+                .await
+                .map(|held| (student, held))
         })
+        .buffer_unordered(LOOKUPS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
         .collect()
 }
 
-/// The student Users says `user` belongs to (`None`: no such user). A call Users sheds
-/// (over its concurrency limit: not an answer) is asked again after the wait Users asks for.
-async fn owner_of(users: &UsersClient, user: Uuid) -> Result<Option<String>, tonic::Status> {
+/// What Users holds for `student`, linked to `link`.
+async fn held_for(users: &UsersClient, student: Uuid, link: Uuid) -> anyhow::Result<Held> {
+    let asking = |what: String| {
+        move |status: tonic::Status| {
+            anyhow::anyhow!(
+                "cannot ask Users about {what}: {}: {}",
+                platform::status::code_name(status.code()),
+                status.message()
+            )
+        }
+    };
+    let listed = unless_shed(|| users.list_users(student))
+        .await
+        .map_err(asking(format!("student {student}'s users")))?;
+    let users_ids = listed
+        .iter()
+        .map(|user| Uuid::parse_str(&user.id))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| {
+            anyhow::anyhow!("Users listed a user of student {student} whose id is not a UUID")
+        })?;
+    let linked_owner = if users_ids.contains(&link) {
+        None
+    } else {
+        let found = unless_shed(|| users.get_user(link))
+            .await
+            .map_err(asking(format!("user {link}")))?;
+        Some(found.map(|user| user.student_id))
+    };
+    Ok(Held {
+        users: users_ids,
+        linked_owner,
+    })
+}
+
+/// `call`'s answer. A call Users sheds (over its concurrency limit: not an answer) is made
+/// again after the wait Users asks for.
+async fn unless_shed<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
     let mut shed = 0;
     loop {
-        match users.get_user(user).await {
+        match call().await {
             Err(status) if status.code() == Code::ResourceExhausted && shed < MAX_SHED => {
                 shed += 1;
                 let wait = platform::status::retry_after(&status).unwrap_or(SHED_WAIT);
                 tokio::time::sleep(wait).await;
             }
-            answer => return answer.map(|found| found.map(|user| user.student_id)),
+            answer => return answer,
         }
     }
 }
 
-/// The problems of one student, given who Users says owns each linked user.
-fn student_problems(
-    student: &AuditedStudent,
-    owners: &HashMap<Uuid, Option<String>>,
-) -> Vec<String> {
+/// The problems of one student, given what Users holds for each linked student.
+fn student_problems(student: &AuditedStudent, held: &HashMap<Uuid, Held>) -> Vec<String> {
     let mut problems = Vec::new();
     let id = student.id;
     for row in &student.done {
@@ -149,15 +194,20 @@ fn student_problems(
             Some(_) => {}
         }
     }
-    if let Some(link) = student.user_id {
-        match owners.get(&link) {
-            Some(Some(owner)) if *owner == id.to_string() => {}
+    if let (Some(link), Some(held)) = (student.user_id, held.get(&id)) {
+        match &held.linked_owner {
+            None => {}
             Some(Some(owner)) => problems.push(format!(
                 "student {id}: linked to user {link}, which Users says belongs to student {owner}"
             )),
-            Some(None) | None => problems.push(format!(
+            Some(None) => problems.push(format!(
                 "student {id}: linked to user {link}, which Users does not have"
             )),
+        }
+        for other in held.users.iter().filter(|user| **user != link) {
+            problems.push(format!(
+                "student {id}: Users also holds user {other} for it, which it is not linked to"
+            ));
         }
     }
     problems
@@ -205,12 +255,22 @@ mod tests {
     #[test]
     fn each_disagreement_is_one_problem() {
         let (user, other) = (Uuid::from_u128(7), Uuid::from_u128(8));
-        let owned = HashMap::from([(user, Some(Uuid::from_u128(1).to_string()))]);
+        let id = Uuid::from_u128(1);
+        let held = |users: &[Uuid], linked_owner| {
+            HashMap::from([(
+                id,
+                Held {
+                    users: users.to_vec(),
+                    linked_owner,
+                },
+            )])
+        };
+        let owned = held(&[user], None);
         assert!(student_problems(&student(Some(user), &[Some(user)]), &owned).is_empty());
         // Not linked yet and nothing done: in flight, not a problem.
-        assert!(student_problems(&student(None, &[]), &owned).is_empty());
+        assert!(student_problems(&student(None, &[]), &HashMap::new()).is_empty());
 
-        let problems = student_problems(&student(None, &[Some(user)]), &owned);
+        let problems = student_problems(&student(None, &[Some(user)]), &HashMap::new());
         assert_eq!(problems.len(), 1);
         assert!(
             problems[0].contains("but the student is not linked"),
@@ -226,23 +286,31 @@ mod tests {
             "{problems:?}"
         );
 
-        let missing = HashMap::from([(user, None)]);
+        let missing = held(&[], Some(None));
         let problems = student_problems(&student(Some(user), &[Some(user)]), &missing);
         assert_eq!(
             problems,
             [format!(
-                "student {}: linked to user {user}, which Users does not have",
-                Uuid::from_u128(1)
+                "student {id}: linked to user {user}, which Users does not have"
             )]
         );
 
-        let elsewhere = HashMap::from([(user, Some(Uuid::from_u128(2).to_string()))]);
+        let elsewhere = held(&[], Some(Some(Uuid::from_u128(2).to_string())));
         let problems = student_problems(&student(Some(user), &[Some(user)]), &elsewhere);
         assert!(
             problems[0].contains(
                 "which Users says belongs to student 00000000-0000-0000-0000-000000000002"
             ),
             "{problems:?}"
+        );
+
+        let two = held(&[other, user], None);
+        let problems = student_problems(&student(Some(user), &[Some(user)]), &two);
+        assert_eq!(
+            problems,
+            [format!(
+                "student {id}: Users also holds user {other} for it, which it is not linked to"
+            )]
         );
     }
 }

@@ -626,7 +626,20 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
         2,
         "no third user"
     );
-    stack.assert_audit_clean(1);
+    // The audit points at the other one: a second login for the student.
+    let audit = stack.relay_command(&["audit"]);
+    assert_eq!(
+        (audit.status.code(), String::from_utf8_lossy(&audit.stdout)),
+        (
+            Some(1),
+            format!(
+                "student {student_id}: Users also holds user {} for it, which it is not \
+                 linked to\nchecked=1 problems=1\n",
+                created.id
+            )
+            .into()
+        )
+    );
 }
 
 /// The worst luck, Users purged the key, and then Users was set to keep keys longer (as
