@@ -4,32 +4,28 @@
 //! - every `done` row's result is the user its student is linked to;
 //! - no `done` row's student lacks a link;
 //! - every linked user exists in Users and points back to its student;
-//! - Users holds no other user for a linked student (a second login for one student, which
-//!   a change never reaches: the relay names the linked user);
+//! - Users holds no other enabled user for a linked student (a second login for one
+//!   student, which a change never reaches: the relay names the linked user; disabling it
+//!   with DisableUser, naming it, settles the problem);
 //! - no two students share a user.
 //!
 //! One line per problem, then `checked=N problems=N` (N students). Reads only; safe while
 //! relays run (see `student_store::audit::students_page` for why no race reports a false
 //! problem).
 
-use std::{collections::HashMap, io::Write, time::Duration};
+use std::{collections::HashMap, io::Write};
 
 use futures::StreamExt as _;
 use sea_orm::DatabaseConnection;
 use student_store::audit::{self, AuditedStudent};
-use tonic::Code;
 use uuid::Uuid;
 
-use crate::users_client::UsersClient;
+use crate::users_client::{UsersClient, unless_shed};
 
 /// Students read from the Student DB at a time.
 const PAGE: u64 = 500;
 /// Users calls in flight at once.
 const LOOKUPS_IN_FLIGHT: usize = 16;
-/// How often one lookup may be shed before the audit gives up (exit 2), and the wait when
-/// Users does not say how long.
-const MAX_SHED: u32 = 100;
-const SHED_WAIT: Duration = Duration::from_millis(200);
 
 /// What an audit found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +88,8 @@ pub async fn audit(
 /// What Users holds for one linked student.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Held {
-    /// The users Users holds for the student, oldest first.
-    users: Vec<Uuid>,
+    /// The users Users holds for the student, oldest first, and whether each is enabled.
+    users: Vec<(Uuid, bool)>,
     /// When the linked user is not among them: the student Users says it belongs to
     /// (`None`: Users has no such user).
     linked_owner: Option<Option<String>>,
@@ -137,12 +133,12 @@ async fn held_for(users: &UsersClient, student: Uuid, link: Uuid) -> anyhow::Res
         .map_err(asking(format!("student {student}'s users")))?;
     let users_ids = listed
         .iter()
-        .map(|user| Uuid::parse_str(&user.id))
+        .map(|user| Uuid::parse_str(&user.id).map(|id| (id, user.enabled)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| {
             anyhow::anyhow!("Users listed a user of student {student} whose id is not a UUID")
         })?;
-    let linked_owner = if users_ids.contains(&link) {
+    let linked_owner = if users_ids.iter().any(|(id, _)| *id == link) {
         None
     } else {
         let found = unless_shed(|| users.get_user(link))
@@ -154,26 +150,6 @@ async fn held_for(users: &UsersClient, student: Uuid, link: Uuid) -> anyhow::Res
         users: users_ids,
         linked_owner,
     })
-}
-
-/// `call`'s answer. A call Users sheds (over its concurrency limit: not an answer) is made
-/// again after the wait Users asks for.
-async fn unless_shed<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-{
-    let mut shed = 0;
-    loop {
-        match call().await {
-            Err(status) if status.code() == Code::ResourceExhausted && shed < MAX_SHED => {
-                shed += 1;
-                let wait = platform::status::retry_after(&status).unwrap_or(SHED_WAIT);
-                tokio::time::sleep(wait).await;
-            }
-            answer => return answer,
-        }
-    }
 }
 
 /// The problems of one student, given what Users holds for each linked student.
@@ -204,9 +180,14 @@ fn student_problems(student: &AuditedStudent, held: &HashMap<Uuid, Held>) -> Vec
                 "student {id}: linked to user {link}, which Users does not have"
             )),
         }
-        for other in held.users.iter().filter(|user| **user != link) {
+        for (other, _) in held
+            .users
+            .iter()
+            .filter(|(user, enabled)| *user != link && *enabled)
+        {
             problems.push(format!(
-                "student {id}: Users also holds user {other} for it, which it is not linked to"
+                "student {id}: Users also holds enabled user {other} for it, which it is not \
+                 linked to"
             ));
         }
     }
@@ -256,7 +237,7 @@ mod tests {
     fn each_disagreement_is_one_problem() {
         let (user, other) = (Uuid::from_u128(7), Uuid::from_u128(8));
         let id = Uuid::from_u128(1);
-        let held = |users: &[Uuid], linked_owner| {
+        let held = |users: &[(Uuid, bool)], linked_owner| {
             HashMap::from([(
                 id,
                 Held {
@@ -265,7 +246,7 @@ mod tests {
                 },
             )])
         };
-        let owned = held(&[user], None);
+        let owned = held(&[(user, true)], None);
         assert!(student_problems(&student(Some(user), &[Some(user)]), &owned).is_empty());
         // Not linked yet and nothing done: in flight, not a problem.
         assert!(student_problems(&student(None, &[]), &HashMap::new()).is_empty());
@@ -304,13 +285,17 @@ mod tests {
             "{problems:?}"
         );
 
-        let two = held(&[other, user], None);
+        let two = held(&[(other, true), (user, true)], None);
         let problems = student_problems(&student(Some(user), &[Some(user)]), &two);
         assert_eq!(
             problems,
             [format!(
-                "student {id}: Users also holds user {other} for it, which it is not linked to"
+                "student {id}: Users also holds enabled user {other} for it, which it is not \
+                 linked to"
             )]
         );
+        // A disabled one is no login: not a problem.
+        let disabled = held(&[(other, false), (user, true)], None);
+        assert!(student_problems(&student(Some(user), &[Some(user)]), &disabled).is_empty());
     }
 }

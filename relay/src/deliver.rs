@@ -15,7 +15,7 @@ use platform::{
 };
 use sea_orm::DatabaseConnection;
 use student_store::{
-    effect::Effect,
+    effect::{CREATE_USER, Effect},
     entity::outbox::{self as outbox_row, FailureKind},
     outbox::{self, Delivered, Problem, RecordError},
     students,
@@ -203,18 +203,32 @@ impl Relay {
         trace: TraceContext,
     ) -> anyhow::Result<(Delivery, i64)> {
         let id = row.id;
+        // Read before the lease is checked: the read may wait for a connection, and the
+        // call must still fit in the lease after it.
+        let user = self.user_to_change(&row).await?;
         if !self.lease_covers_a_call(lease_ends) {
             return Ok(Self::unsent_for_its_lease(&row));
         }
         let effect = row.effect_type.clone();
-        let delivery = self.deliver(row, trace, lease_ends).await?;
+        let delivery = self.deliver(row, user, trace, lease_ends).await?;
         metrics::delivery(&effect, delivery.outcome());
         Ok((delivery, id))
+    }
+
+    /// The user a change row goes to: the one its student is linked to (its rows wait
+    /// behind its create-user row, so it is linked by now), never whichever user Users
+    /// finds for the student. `None` for a create-user row.
+    async fn user_to_change(&self, row: &outbox_row::Model) -> anyhow::Result<Option<Uuid>> {
+        if row.effect_type == CREATE_USER {
+            return Ok(None);
+        }
+        Ok(students::linked_user(&self.db, row.aggregate_id).await?)
     }
 
     async fn deliver(
         &self,
         row: outbox_row::Model,
+        user: Option<Uuid>,
         trace: TraceContext,
         lease_ends: Instant,
     ) -> anyhow::Result<Delivery> {
@@ -226,14 +240,6 @@ impl Relay {
                 tracing::error!(outbox_id = row.id, effect = %row.effect_type, error = %err, "undeliverable outbox row");
                 let problem = Problem::new(err.code(), err.to_string());
                 return self.fail(&row, FailureKind::Rejected, &problem).await;
-            }
-        };
-        // A change goes to the user the student is linked to (its rows wait behind its
-        // create-user row, so it is linked by now), never to whichever user Users finds.
-        let user = match &effect {
-            Effect::CreateUser(_) => None,
-            Effect::UpdateUser(_) | Effect::DisableUser(_) => {
-                students::linked_user(&self.db, row.aggregate_id).await?
             }
         };
         let answer = self

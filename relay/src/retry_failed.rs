@@ -32,6 +32,7 @@ use student_store::{
     effect::{CREATE_USER, Effect},
     entity::outbox::{self as outbox_row, FailureKind},
     outbox::{self, Delivered, RecordError},
+    students,
 };
 use tonic::Code;
 use tracing::Instrument as _;
@@ -41,7 +42,7 @@ use platform::status::code_name;
 
 use crate::{
     classify::DELIVERY_EXPIRED,
-    users_client::{Key, UsersClient, row_trace, was_replayed},
+    users_client::{Key, UsersClient, row_trace, unless_shed, was_replayed},
 };
 
 /// Which failed rows to redrive.
@@ -150,8 +151,15 @@ pub async fn retry_failed(
                 summary.errors += 1;
             }
             Ok(OldKey::Executed(delivered)) => {
-                let found = "Users had executed this key";
-                link(db, &row, delivered, found, out, &mut summary).await?;
+                match changed_another_user(db, &row, delivered).await? {
+                    // The student's linked user never saw this version: a new key, which
+                    // the relay sends naming that user, applies it there.
+                    Some(why) => rekey(db, &row, Some(&why), out, &mut summary).await?,
+                    None => {
+                        let found = "Users had executed this key";
+                        link(db, &row, delivered, found, out, &mut summary).await?;
+                    }
+                }
             }
             // Nothing about this key tells whether the student has a user: Users' list does.
             Ok(OldKey::NothingKnown) if row.effect_type == CREATE_USER => {
@@ -166,6 +174,26 @@ pub async fn retry_failed(
         }
     }
     finish(summary, out)
+}
+
+/// Why a change whose old key Users executed went to another user than the one its
+/// student is linked to (sent without naming the user, as relays before `user_id` did,
+/// while Users held several users of the student), if it did.
+async fn changed_another_user(
+    db: &DatabaseConnection,
+    row: &outbox_row::Model,
+    delivered: Delivered,
+) -> anyhow::Result<Option<String>> {
+    let Delivered::UserChanged(changed) = delivered else {
+        return Ok(None);
+    };
+    Ok(match students::linked_user(db, row.aggregate_id).await? {
+        Some(linked) if linked != changed => Some(format!(
+            "Users applied the old key to user {changed}, not to the student's linked user \
+             {linked}"
+        )),
+        _ => None,
+    })
 }
 
 /// Settles a failed create-user row whose old key created no user that Users knows of, by
@@ -253,7 +281,7 @@ pub async fn link_user(
     } else if let Some(answered) = old_key_created_another(users, &row, user_id).await {
         Some(answered)
     } else {
-        match users.get_user(user_id).await {
+        match unless_shed(|| users.get_user(user_id)).await {
             Err(status) => Some(format!(
                 "cannot ask Users about user={user_id}: {}: {}",
                 code_name(status.code()),
@@ -345,14 +373,16 @@ async fn users_of_student(
     users: &UsersClient,
     row: &outbox_row::Model,
 ) -> Result<Vec<(Uuid, bool)>, String> {
-    let found = users.list_users(row.aggregate_id).await.map_err(|status| {
-        format!(
-            "cannot ask Users for student {}'s users: {}: {}",
-            row.aggregate_id,
-            code_name(status.code()),
-            status.message()
-        )
-    })?;
+    let found = unless_shed(|| users.list_users(row.aggregate_id))
+        .await
+        .map_err(|status| {
+            format!(
+                "cannot ask Users for student {}'s users: {}: {}",
+                row.aggregate_id,
+                code_name(status.code()),
+                status.message()
+            )
+        })?;
     found
         .into_iter()
         .map(|user| {
@@ -418,11 +448,12 @@ async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Resu
     let effect = Effect::decode(&row.effect_type, &row.payload)
         .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
     let (trace, span) = row_trace(row);
-    match users
-        .deliver(Key::of(row, trace), &effect, None, true)
-        .instrument(span)
-        .await
-    {
+    let asked = unless_shed(|| {
+        users
+            .deliver(Key::of(row, trace), &effect, None, true)
+            .instrument(span.clone())
+    });
+    match asked.await {
         Ok(answer) => Ok(OldKey::Executed(Delivered::of(&effect, answer.user_id))),
         Err(status)
             if status.code() == Code::NotFound

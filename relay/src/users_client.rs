@@ -410,12 +410,38 @@ fn item_answer(result: CreateUsersResult) -> Result<Answer, Status> {
     Err(status)
 }
 
-/// A user id from Users; anything else is Users' bug, reported as INTERNAL (transient).
+/// How often one call of a one-shot command may be shed before it gives up, and the wait
+/// when Users does not say how long.
+const MAX_SHED: u32 = 100;
+const SHED_WAIT: Duration = Duration::from_millis(200);
+
+/// `call`'s answer, for the one-shot commands (`audit`, `retry-failed`). A call Users sheds
+/// (over its `--max-concurrent-requests`: not an answer) is made again after the wait Users
+/// asks for, up to [`MAX_SHED`] times.
+pub async fn unless_shed<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut shed = 0;
+    loop {
+        match call().await {
+            Err(status) if status.code() == tonic::Code::ResourceExhausted && shed < MAX_SHED => {
+                shed += 1;
+                let wait = platform::status::retry_after(&status).unwrap_or(SHED_WAIT);
+                tokio::time::sleep(wait).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// `user` as a request field: empty when not named.
 fn named(user: Option<Uuid>) -> String {
     user.map(|user| user.to_string()).unwrap_or_default()
 }
 
+/// A user id from Users; anything else is Users' bug, reported as INTERNAL (transient).
 fn parse_user_id(user_id: &str) -> Result<Uuid, Status> {
     Uuid::try_parse(user_id).map_err(|_| Status::internal("Users returned a malformed user_id"))
 }

@@ -666,7 +666,7 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         ),
         // The user Users created for student 1 is still its, but not its link.
         format!(
-            "student {}: Users also holds user {} for it, which it is not linked to",
+            "student {}: Users also holds enabled user {} for it, which it is not linked to",
             ids[1],
             link(1)
         ),

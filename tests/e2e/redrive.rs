@@ -7,7 +7,10 @@
 use platform::failpoint::points;
 use proto::student::v1::{GetStudentRequest, Student, UserLinkStatus};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
-use student_store::entity::outbox::{self, FailureKind, OutboxStatus};
+use student_store::{
+    effect::Effect,
+    entity::outbox::{self, FailureKind, OutboxStatus},
+};
 use users_svc::entity::users;
 use uuid::Uuid;
 
@@ -626,19 +629,107 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
         2,
         "no third user"
     );
-    // The audit points at the other one: a second login for the student.
+    // The first user is disabled: no second login, the audit is clean. One created by
+    // hand and enabled is reported, until it is disabled, naming it.
+    stack.assert_audit_clean(1);
+    let mut users_client = stack.users_client();
+    let third = users_client
+        .create_user(proto::users::v1::CreateUserRequest {
+            idempotency_key: "a-third-by-hand".into(),
+            email: "third@example.edu".into(),
+            first_name: "Third".into(),
+            last_name: "User".into(),
+            document_number: "DOC-THIRD".into(),
+            student_id: student_id.clone(),
+        })
+        .await
+        .expect("a third user of the same student")
+        .into_inner()
+        .user_id;
     let audit = stack.relay_command(&["audit"]);
     assert_eq!(
         (audit.status.code(), String::from_utf8_lossy(&audit.stdout)),
         (
             Some(1),
             format!(
-                "student {student_id}: Users also holds user {} for it, which it is not \
-                 linked to\nchecked=1 problems=1\n",
-                created.id
+                "student {student_id}: Users also holds enabled user {third} for it, which it \
+                 is not linked to\nchecked=1 problems=1\n"
             )
             .into()
         )
+    );
+    users_client
+        .disable_user(proto::users::v1::DisableUserRequest {
+            idempotency_key: "disable-the-third".into(),
+            student_id: student_id.clone(),
+            source_version: 2,
+            user_id: third,
+        })
+        .await
+        .expect("disabled");
+    stack.assert_audit_clean(1);
+
+    // A change a relay sent without naming the user (before UpdateUser took one) went to
+    // the student's first user; sent again naming the linked one, its key gets that saved
+    // answer, and the relay refuses to record it. --new-key sees the old key applied to
+    // the wrong user and gives the row a new key, which reaches the linked user.
+    stack.kill_relays();
+    assert_eq!(stack.rename_student(&student_id, "Again").await, 3);
+    let row = stack
+        .outbox_rows()
+        .await
+        .into_iter()
+        .find(|row| row.aggregate_version == 3)
+        .expect("the second rename's row");
+    let Ok(Effect::UpdateUser(payload)) = Effect::decode(&row.effect_type, &row.payload) else {
+        panic!("an update-user row");
+    };
+    let unnamed = users_client
+        .update_user(proto::users::v1::UpdateUserRequest {
+            idempotency_key: row.idempotency_key.clone(),
+            student_id: payload.student_id.to_string(),
+            first_name: payload.first_name,
+            last_name: payload.last_name,
+            email: payload.email,
+            source_version: payload.source_version,
+            user_id: String::new(),
+        })
+        .await
+        .expect("applied")
+        .into_inner();
+    assert_eq!(unnamed.user_id, created.id.to_string());
+    stack.start_relay(None, &[]);
+    let refused = eventually("the row to fail", LINK_DEADLINE, || async {
+        let failed = stack
+            .outbox_rows()
+            .await
+            .into_iter()
+            .find(|r| r.id == row.id)?;
+        (failed.status == OutboxStatus::Failed).then_some(failed)
+    })
+    .await;
+    assert_eq!(refused.error_code.as_deref(), Some("LINK_CONFLICT"));
+    let stdout = retry_failed(&stack, &["--id", &row.id.to_string(), "--new-key"]);
+    let rekeyed = stack
+        .outbox_rows()
+        .await
+        .into_iter()
+        .find(|r| r.id == row.id)
+        .expect("the row");
+    assert_eq!(
+        stdout,
+        format!(
+            "id={} key={} requeued (new key; was {}): Users applied the old key to user {}, \
+             not to the student's linked user {second}\n\
+             requeued=1 linked=0 skipped=0 errors=0\n",
+            row.id, rekeyed.idempotency_key, row.idempotency_key, created.id
+        )
+    );
+    stack.wait_until_all_synced(1).await;
+    let again = stored_user(&stack.users_db, second).await;
+    assert_eq!(
+        (again.first_name.as_str(), again.source_version),
+        ("Again", 3)
     );
 }
 
