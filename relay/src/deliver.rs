@@ -242,6 +242,19 @@ impl Relay {
                 return self.fail(&row, FailureKind::Rejected, &problem).await;
             }
         };
+        // A change with no linked user to go to is not sent, since Users would change
+        // whichever user it finds. Its rows wait behind its create-user row, so only a
+        // student unlinked or deleted by hand gets here.
+        if user.is_none() && !matches!(effect, Effect::CreateUser(_)) {
+            let problem = Problem::new(
+                "NOT_LINKED",
+                format!(
+                    "student {} is linked to no user, so the change has no user to go to",
+                    row.aggregate_id
+                ),
+            );
+            return self.fail(&row, FailureKind::Rejected, &problem).await;
+        }
         let answer = self
             .call_until_answered(lease_ends, || {
                 self.users

@@ -3,7 +3,7 @@
 use std::{sync::atomic::Ordering, time::Duration};
 
 use proto::{
-    student::v1::{GetStudentRequest, UserLinkStatus},
+    student::v1::{GetStudentRequest, UpdateStudentRequest, UserLinkStatus},
     users::v1::CreateUserRequest,
 };
 use relay::{BatchOutcome, replay};
@@ -37,6 +37,7 @@ on_both_backends!(
     one_batch_links_every_pending_student,
     a_student_linked_to_another_user_fails_its_row_as_a_link_conflict,
     a_missing_student_fails_its_row_and_holds_back_no_one,
+    a_change_of_a_student_linked_to_no_user_is_not_sent,
     undecodable_rows_fail_on_their_own_and_hold_back_no_one,
     a_redelivery_after_a_lost_answer_is_answered_from_the_inbox,
     users_down_keeps_rows_pending_with_backoff,
@@ -234,6 +235,74 @@ async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend)
         )
     );
     assert_eq!(rows[0].failure_kind, Some(FailureKind::Rejected));
+}
+
+/// A change goes to the user its student is linked to. A student unlinked by hand has
+/// none: its change row fails as `NOT_LINKED` without a call, since Users would change
+/// whichever user it finds for the student.
+async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_students(&app, 1).await.remove(0);
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
+    app.student
+        .clone()
+        .update_student(UpdateStudentRequest {
+            id: id.clone(),
+            first_name: "Renamed".into(),
+            last_name: "Pérez".into(),
+            email: "renamed@example.edu".into(),
+            idempotency_key: None,
+            expected_version: 0,
+        })
+        .await
+        .expect("renamed");
+    let student = Uuid::parse_str(&id).expect("uuid");
+    students::Entity::update_many()
+        .col_expr(students::Column::UserId, Expr::value(Option::<Uuid>::None))
+        .filter(students::Column::Id.eq(student))
+        .exec(&app.student_db)
+        .await
+        .expect("unlink the student");
+    let before = users_and_inbox_rows(&app.users_db).await;
+
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.failed), (1, 1));
+    let row = statuses(&app).await.remove(1);
+    assert_eq!(
+        (
+            row.status,
+            row.failure_kind,
+            row.error_code.as_deref(),
+            row.last_error.as_deref()
+        ),
+        (
+            OutboxStatus::Failed,
+            Some(FailureKind::Rejected),
+            Some("NOT_LINKED"),
+            Some(
+                format!(
+                    "student {student} is linked to no user, so the change has no user to go to"
+                )
+                .as_str()
+            )
+        )
+    );
+    assert_eq!(
+        users_and_inbox_rows(&app.users_db).await,
+        before,
+        "nothing sent"
+    );
+    let user = users::Entity::find()
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("the student's user");
+    assert_eq!((user.first_name.as_str(), user.source_version), ("Ana0", 1));
 }
 
 async fn undecodable_rows_fail_on_their_own_and_hold_back_no_one(backend: Backend) {
