@@ -82,6 +82,26 @@ async fn the_user(stack: &Stack) -> users::Model {
         .expect("the student's user")
 }
 
+/// Outbox row `id` as it is now.
+async fn the_row(stack: &Stack, id: i64) -> Option<outbox::Model> {
+    stack
+        .outbox_rows()
+        .await
+        .into_iter()
+        .find(|row| row.id == id)
+}
+
+/// Waits until outbox row `id`, under `key`, is failed (it was requeued or sent again),
+/// and returns it.
+async fn once_failed(stack: &Stack, id: i64, key: &str) -> outbox::Model {
+    eventually("the row to fail", LINK_DEADLINE, || async {
+        the_row(stack, id)
+            .await
+            .filter(|row| row.status == OutboxStatus::Failed && row.idempotency_key == key)
+    })
+    .await
+}
+
 /// Runs `relay retry-failed ARGS` and returns its exit code and what it printed.
 fn retry_failed_exit(stack: &Stack, args: &[&str]) -> (Option<i32>, String) {
     let output = stack.relay_command(&[&["retry-failed"], args].concat());
@@ -328,12 +348,8 @@ async fn an_exhausted_row_whose_key_users_purged_is_linked_to_the_students_only_
     // Requeued with its own key (safe), the relay sends it: Users refuses it as expired,
     // and the row fails so. Without --new-key it stays failed, with advice.
     retry_failed(&stack, &["--id", &id]);
-    eventually("Users to refuse the old key", LINK_DEADLINE, || async {
-        let row = stack.outbox_rows().await.remove(0);
-        (row.status == OutboxStatus::Failed && row.failure_kind == Some(FailureKind::Expired))
-            .then_some(())
-    })
-    .await;
+    let refused = once_failed(&stack, failed.id, &failed.idempotency_key).await;
+    assert_eq!(refused.failure_kind, Some(FailureKind::Expired));
     let (code, stdout) = retry_failed_exit(&stack, &["--id", &id]);
     assert_eq!(
         (code, stdout),
@@ -465,15 +481,7 @@ async fn an_expired_update_takes_a_new_key_and_the_next_change_follows(backend: 
     let (id, failed, _) = exhaust_an_update_users_applied(&mut stack).await;
     users_forgets_every_key(&mut stack).await;
     retry_failed(&stack, &["--id", &failed.id.to_string()]);
-    let expired = eventually("Users to refuse the old key", LINK_DEADLINE, || async {
-        let row = stack
-            .outbox_rows()
-            .await
-            .into_iter()
-            .find(|row| row.id == failed.id)?;
-        (row.status == OutboxStatus::Failed).then_some(row)
-    })
-    .await;
+    let expired = once_failed(&stack, failed.id, &failed.idempotency_key).await;
     assert_eq!(expired.failure_kind, Some(FailureKind::Expired));
     let (code, stdout) = retry_failed_exit(&stack, &["--all"]);
     assert_eq!(
@@ -699,23 +707,10 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
         .into_inner();
     assert_eq!(unnamed.user_id, created.id.to_string());
     stack.start_relay(None, &[]);
-    let refused = eventually("the row to fail", LINK_DEADLINE, || async {
-        let failed = stack
-            .outbox_rows()
-            .await
-            .into_iter()
-            .find(|r| r.id == row.id)?;
-        (failed.status == OutboxStatus::Failed).then_some(failed)
-    })
-    .await;
+    let refused = once_failed(&stack, row.id, &row.idempotency_key).await;
     assert_eq!(refused.error_code.as_deref(), Some("LINK_CONFLICT"));
     let stdout = retry_failed(&stack, &["--id", &row.id.to_string(), "--new-key"]);
-    let rekeyed = stack
-        .outbox_rows()
-        .await
-        .into_iter()
-        .find(|r| r.id == row.id)
-        .expect("the row");
+    let rekeyed = the_row(&stack, row.id).await.expect("the row");
     assert_eq!(
         stdout,
         format!(
@@ -786,11 +781,7 @@ async fn a_row_rejected_because_its_students_own_user_holds_the_number_is_linked
             .await
             .expect("re-keyed")
     );
-    let rejected = eventually("the blind key to be rejected", LINK_DEADLINE, || async {
-        let row = stack.outbox_rows().await.remove(0);
-        (row.status == OutboxStatus::Failed && row.idempotency_key == blind).then_some(row)
-    })
-    .await;
+    let rejected = once_failed(&stack, failed.id, &blind).await;
     assert_eq!(
         (rejected.failure_kind, rejected.error_code.as_deref()),
         (Some(FailureKind::Rejected), Some("DOCUMENT_NUMBER_TAKEN"))
