@@ -117,63 +117,84 @@ pub async fn retry_failed(
         summary.errors += 1;
     }
     for row in rows {
-        let line = format!("id={} key={}", row.id, row.idempotency_key);
-        if keys == Keys::Keep {
-            match row.failure_kind {
-                Some(FailureKind::Exhausted) => {}
-                Some(FailureKind::Expired) => {
-                    writeln!(out, "{line} skipped: {}", expired_advice(&row))?;
-                    summary.skipped += 1;
-                    continue;
-                }
-                Some(FailureKind::Rejected) | None => {
-                    writeln!(
-                        out,
-                        "{line} skipped: rejected; the same key gets the same answer, use --new-key"
-                    )?;
-                    summary.skipped += 1;
-                    continue;
-                }
-            }
-            // The same operation tried again: safe whatever Users did with the key.
-            if outbox::redrive(db, &row, &row.idempotency_key).await? {
-                writeln!(out, "{line} requeued")?;
-                summary.requeued += 1;
-            } else {
-                writeln!(out, "{line} changed while retrying; left as it is")?;
-                summary.errors += 1;
-            }
-            continue;
-        }
-        match ask_about_old_key(users, &row).await {
-            Err(problem) => {
-                writeln!(out, "{line} not re-keyed: {problem}")?;
-                summary.errors += 1;
-            }
-            Ok(OldKey::Executed(delivered)) => {
-                match changed_another_user(db, &row, delivered).await? {
-                    // The student's linked user never saw this version: a new key, which
-                    // the relay sends naming that user, applies it there.
-                    Some(why) => rekey(db, &row, Some(&why), out, &mut summary).await?,
-                    None => {
-                        let found = "Users had executed this key";
-                        link(db, &row, delivered, found, out, &mut summary).await?;
-                    }
-                }
-            }
-            // Nothing about this key tells whether the student has a user: Users' list does.
-            Ok(OldKey::NothingKnown) if row.effect_type == CREATE_USER => {
-                by_students_users(db, users, &row, out, &mut summary).await?;
-            }
-            // A change may take a new key whatever became of the old one: Users applies each
-            // student version at most once, so a version it applied already is answered
-            // `applied=false` and the row recorded synced.
-            Ok(OldKey::NothingKnown) => {
-                rekey(db, &row, None, out, &mut summary).await?;
-            }
+        match keys {
+            Keys::Keep => requeue_with_its_key(db, &row, out, &mut summary).await?,
+            Keys::New => with_a_new_key_where_safe(db, users, &row, out, &mut summary).await?,
         }
     }
     finish(summary, out)
+}
+
+/// Without `--new-key`: an `exhausted` row goes back to `pending` with its own key (the
+/// same operation tried again: safe whatever Users did with the key); a rejected or
+/// expired one is skipped with what it needs.
+async fn requeue_with_its_key(
+    db: &DatabaseConnection,
+    row: &outbox_row::Model,
+    out: &mut impl Write,
+    summary: &mut RetrySummary,
+) -> anyhow::Result<()> {
+    let line = row_line(row);
+    match row.failure_kind {
+        Some(FailureKind::Exhausted) => {}
+        Some(FailureKind::Expired) => {
+            writeln!(out, "{line} skipped: {}", expired_advice(row))?;
+            summary.skipped += 1;
+            return Ok(());
+        }
+        Some(FailureKind::Rejected) | None => {
+            writeln!(
+                out,
+                "{line} skipped: rejected; the same key gets the same answer, use --new-key"
+            )?;
+            summary.skipped += 1;
+            return Ok(());
+        }
+    }
+    if outbox::redrive(db, row, &row.idempotency_key).await? {
+        writeln!(out, "{line} requeued")?;
+        summary.requeued += 1;
+    } else {
+        writeln!(out, "{line} changed while retrying; left as it is")?;
+        summary.errors += 1;
+    }
+    Ok(())
+}
+
+/// With `--new-key`: Users is asked what the old key got first (see the module's comment),
+/// and the row is linked, synced, re-keyed or skipped accordingly.
+async fn with_a_new_key_where_safe(
+    db: &DatabaseConnection,
+    users: &UsersClient,
+    row: &outbox_row::Model,
+    out: &mut impl Write,
+    summary: &mut RetrySummary,
+) -> anyhow::Result<()> {
+    match ask_about_old_key(users, row).await {
+        Err(problem) => {
+            let line = row_line(row);
+            writeln!(out, "{line} not re-keyed: {problem}")?;
+            summary.errors += 1;
+            Ok(())
+        }
+        Ok(OldKey::Executed(delivered)) => match changed_another_user(db, row, delivered).await? {
+            // The student's linked user never saw this version: a new key, which the relay
+            // sends naming that user, applies it there.
+            Some(why) => rekey(db, row, Some(&why), out, summary).await,
+            None => {
+                let found = "Users had executed this key";
+                link(db, row, delivered, found, out, summary).await
+            }
+        },
+        // Nothing about this key tells whether the student has a user: Users' list does.
+        Ok(OldKey::NothingKnown) if row.effect_type == CREATE_USER => {
+            by_students_users(db, users, row, out, summary).await
+        }
+        // A change may take a new key whatever became of the old one: Users applies each
+        // student version at most once, so a version it applied already is answered
+        // `applied=false` and the row recorded synced.
+        Ok(OldKey::NothingKnown) => rekey(db, row, None, out, summary).await,
+    }
 }
 
 /// Why a change whose old key Users executed went to another user than the one its
@@ -207,7 +228,7 @@ async fn by_students_users(
     out: &mut impl Write,
     summary: &mut RetrySummary,
 ) -> anyhow::Result<()> {
-    let line = format!("id={} key={}", row.id, row.idempotency_key);
+    let line = row_line(row);
     let found = match users_of_student(users, row).await {
         Ok(found) => found,
         Err(problem) => {
@@ -274,7 +295,7 @@ pub async fn link_user(
         summary.errors += 1;
         return finish(summary, out);
     };
-    let line = format!("id={} key={}", row.id, row.idempotency_key);
+    let line = row_line(&row);
     let student = row.aggregate_id.to_string();
     let refusal = if row.effect_type != CREATE_USER {
         Some("only a create-user row links a user; a change takes --new-key".to_owned())
@@ -316,7 +337,7 @@ async fn link(
     out: &mut impl Write,
     summary: &mut RetrySummary,
 ) -> anyhow::Result<()> {
-    let line = format!("id={} key={}", row.id, row.idempotency_key);
+    let line = row_line(row);
     let user_id = delivered.user_id();
     let verb = match delivered {
         Delivered::UserCreated(_) => "linked",
@@ -359,8 +380,8 @@ async fn rekey(
     } else {
         writeln!(
             out,
-            "id={} key={} changed while retrying; left as it is",
-            row.id, row.idempotency_key
+            "{} changed while retrying; left as it is",
+            row_line(row)
         )?;
         summary.errors += 1;
     }
@@ -410,6 +431,11 @@ async fn old_key_created_another(
         )),
         Ok(_) => None,
     }
+}
+
+/// How every line about `row` starts: `id=N key=K`.
+fn row_line(row: &outbox_row::Model) -> String {
+    format!("id={} key={}", row.id, row.idempotency_key)
 }
 
 /// Prints the summary line and returns the summary.
