@@ -220,7 +220,8 @@ impl UsersClient {
         }
     }
 
-    /// Every user Users holds for `student_id` (ListUsers), oldest first.
+    /// Every user Users holds for `student_id` (ListUsers), oldest first. A Users older
+    /// than this relay has no ListUsers: its UNIMPLEMENTED says so, and what to do.
     pub async fn list_users(&self, student_id: Uuid) -> Result<Vec<User>, Status> {
         let request = Request::new(ListUsersRequest {
             student_id: student_id.to_string(),
@@ -229,7 +230,13 @@ impl UsersClient {
             .send(request, None, false, |mut client, request| async move {
                 client.list_users(request).await
             })
-            .await?;
+            .await
+            .map_err(|status| match status.code() {
+                tonic::Code::Unimplemented => Status::unimplemented(
+                    "Users has no ListUsers: it is older than this relay; upgrade users-svc first",
+                ),
+                _ => status,
+            })?;
         Ok(response.into_inner().users)
     }
 

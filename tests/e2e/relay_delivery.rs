@@ -38,6 +38,7 @@ on_both_backends!(
     a_student_linked_to_another_user_fails_its_row_as_a_link_conflict,
     a_missing_student_fails_its_row_and_holds_back_no_one,
     a_change_of_a_student_linked_to_no_user_is_not_sent,
+    a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothing_changes,
     undecodable_rows_fail_on_their_own_and_hold_back_no_one,
     a_redelivery_after_a_lost_answer_is_answered_from_the_inbox,
     users_down_keeps_rows_pending_with_backoff,
@@ -303,6 +304,69 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
         .expect("users")
         .expect("the student's user");
     assert_eq!((user.first_name.as_str(), user.source_version), ("Ana0", 1));
+}
+
+/// A Users older than the relay (no ListUsers, as before it existed): `retry-failed
+/// --new-key` cannot look at a rejected create-user row's student and `relay audit`
+/// cannot check a linked student; each says why and to upgrade users-svc first, an error,
+/// and nothing is written.
+async fn a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothing_changes(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let older = scripted_users(
+        &app,
+        Script {
+            no_list_users: true,
+            ..Script::default()
+        },
+    )
+    .await;
+    let relay = app.relay_to(&older.url);
+    let ids = create_students(&app, 2).await;
+    app.users
+        .clone()
+        .create_user(crate::support::conflicting_user_request(1))
+        .await
+        .expect("another user holds student 1's number");
+    assert_eq!(relay.deliver_batch().await.expect("batch").failed, 1);
+    let before = statuses(&app).await;
+    let rejected = before
+        .iter()
+        .find(|row| row.status == OutboxStatus::Failed)
+        .expect("the rejected row");
+    assert_eq!(rejected.aggregate_id.to_string(), ids[1]);
+    const OLDER: &str = "UNIMPLEMENTED: Users has no ListUsers: it is older than this relay; upgrade users-svc first";
+
+    let mut out = Vec::new();
+    let summary = relay::retry_failed::retry_failed(
+        &app.student_db,
+        &relay.users,
+        relay::retry_failed::Selection::All,
+        relay::retry_failed::Keys::New,
+        &mut out,
+    )
+    .await
+    .expect("retry-failed");
+    assert_eq!(summary.exit_code(), 2);
+    assert_eq!(
+        String::from_utf8(out).expect("utf-8"),
+        format!(
+            "id={} key={} not re-keyed: cannot ask Users for student {}'s users: {OLDER}\n\
+             requeued=0 linked=0 skipped=0 errors=1\n",
+            rejected.id, rejected.idempotency_key, ids[1]
+        )
+    );
+    let err = relay::audit::audit(&app.student_db, &relay.users, &mut Vec::new())
+        .await
+        .expect_err("the audit cannot check the linked student");
+    assert_eq!(
+        err.to_string(),
+        format!("cannot ask Users about student {}'s users: {OLDER}", ids[0])
+    );
+    assert_eq!(statuses(&app).await, before, "nothing written");
 }
 
 async fn undecodable_rows_fail_on_their_own_and_hold_back_no_one(backend: Backend) {

@@ -31,6 +31,8 @@ pub struct Script {
     /// Each CreateUser call takes a permit (for good) before it is answered: with none
     /// free it waits, so the test answers calls one permit at a time.
     pub create_user_gate: Option<Arc<Semaphore>>,
+    /// ListUsers answered UNIMPLEMENTED, as a Users older than the method answers.
+    pub no_list_users: bool,
 }
 
 struct ScriptedUsers {
@@ -96,6 +98,9 @@ impl UsersService for ScriptedUsers {
         &self,
         request: tonic::Request<ListUsersRequest>,
     ) -> Result<tonic::Response<ListUsersResponse>, tonic::Status> {
+        if self.script.no_list_users {
+            return Err(tonic::Status::unimplemented(""));
+        }
         self.real.list_users(request).await
     }
 }
