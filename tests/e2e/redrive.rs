@@ -329,9 +329,11 @@ async fn an_exhausted_update_requeued_with_its_key_is_applied_once_and_the_next_
 /// longer tell "never executed" from "executed and purged" (`DELIVERY_EXPIRED`, not
 /// `NOT_IN_INBOX`), so `--new-key` does not give the row a new key, which would be refused
 /// for the document number the student's own user holds (or, that user disabled, create a
-/// second one), even once the relay itself failed the row as `expired` and Users keeps keys
-/// longer again. Users' list of the student's users tells instead: it holds one, so that
-/// one is linked, and the student's update, held back meanwhile, reaches Users.
+/// second one), even once the relay itself failed the row as `expired`. Users' list of the
+/// student's users tells instead: it holds one, so that one is linked, and the student's
+/// update, held back meanwhile, reaches Users. (Asked once Users keeps keys longer, the
+/// same key reads `NOT_IN_INBOX`:
+/// [`an_exhausted_row_first_asked_after_users_kept_keys_longer_is_linked_not_rekeyed`].)
 async fn an_exhausted_row_whose_key_users_purged_is_linked_to_the_students_only_user(
     backend: Backend,
 ) {
@@ -418,12 +420,8 @@ async fn an_exhausted_row_whose_key_users_purged_is_linked_to_the_students_only_
     }
     assert_eq!(stack.outbox_rows().await[0].status, OutboxStatus::Failed);
 
-    // Users keeps keys longer now (as the DeliveriesExpired alert suggests): the key is
-    // young enough again to be answered NOT_IN_INBOX, which says nothing of a key purged
-    // before. The student's users do: one.
-    stack
-        .restart_users_with(None, &["--inbox-retention", "1h"])
-        .await;
+    // Users still refuses to judge the key (DELIVERY_EXPIRED); the student's users tell:
+    // one.
     let stdout = retry_failed(&stack, &["--id", &id, "--new-key"]);
     assert_eq!(
         stdout,
