@@ -210,7 +210,7 @@ async fn changed_another_user(
     };
     Ok(match students::linked_user(db, row.aggregate_id).await? {
         Some(linked) if linked != changed => Some(format!(
-            "Users applied the old key to user {changed}, not to the student's linked user \
+            "Users answered the old key for user {changed}, not for the student's linked user \
              {linked}"
         )),
         _ => None,

@@ -712,8 +712,8 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
     assert_eq!(
         stdout,
         format!(
-            "id={} key={} requeued (new key; was {}): Users applied the old key to user {}, \
-             not to the student's linked user {second}\n\
+            "id={} key={} requeued (new key; was {}): Users answered the old key for user {}, \
+             not for the student's linked user {second}\n\
              requeued=1 linked=0 skipped=0 errors=0\n",
             row.id, rekeyed.idempotency_key, row.idempotency_key, created.id
         )

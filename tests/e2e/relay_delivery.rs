@@ -39,6 +39,7 @@ on_both_backends!(
     a_missing_student_fails_its_row_and_holds_back_no_one,
     a_change_of_a_student_linked_to_no_user_is_not_sent,
     a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothing_changes,
+    retry_failed_asks_again_when_users_sheds_its_question,
     undecodable_rows_fail_on_their_own_and_hold_back_no_one,
     a_redelivery_after_a_lost_answer_is_answered_from_the_inbox,
     users_down_keeps_rows_pending_with_backoff,
@@ -367,6 +368,62 @@ async fn a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothi
         format!("cannot ask Users about student {}'s users: {OLDER}", ids[0])
     );
     assert_eq!(statuses(&app).await, before, "nothing written");
+}
+
+/// `retry-failed` asks again when Users sheds a call (over its `--max-concurrent-requests`:
+/// not an answer), as the audit does: here its question about a rejected row's old key.
+async fn retry_failed_asks_again_when_users_sheds_its_question(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 1).await;
+    app.users
+        .clone()
+        .create_user(crate::support::conflicting_user_request(0))
+        .await
+        .expect("another user holds the number");
+    assert_eq!(app.relay().deliver_batch().await.expect("batch").failed, 1);
+    let rejected = only_row(&app).await;
+    // The question is a CreateUser (replay-only); the first one is shed.
+    let shedding = scripted_users(
+        &app,
+        Script {
+            shed_first_create_user: Some(Duration::from_millis(10)),
+            ..Script::default()
+        },
+    )
+    .await;
+    let relay = app.relay_to(&shedding.url);
+    let mut out = Vec::new();
+    let summary = relay::retry_failed::retry_failed(
+        &app.student_db,
+        &relay.users,
+        relay::retry_failed::Selection::All,
+        relay::retry_failed::Keys::New,
+        &mut out,
+    )
+    .await
+    .expect("retry-failed");
+    let rekeyed = only_row(&app).await;
+    assert_eq!(
+        (summary.exit_code(), String::from_utf8(out).expect("utf-8")),
+        (
+            0,
+            format!(
+                "id={} key={} requeued (new key; was {}): Users holds no user of student {}\n\
+                 requeued=1 linked=0 skipped=0 errors=0\n",
+                rejected.id,
+                rekeyed.idempotency_key,
+                rejected.idempotency_key,
+                rejected.aggregate_id
+            )
+        )
+    );
+    assert_eq!(
+        shedding.create_user_calls.lock().expect("calls").len(),
+        2,
+        "shed once, asked again"
+    );
 }
 
 async fn undecodable_rows_fail_on_their_own_and_hold_back_no_one(backend: Backend) {
