@@ -162,7 +162,7 @@ pub enum RecordError {
         returned: Uuid,
     },
     /// Users changed a user for a student that is not linked to any.
-    #[error("student {student_id} is not linked to a user, but Users changed user {returned}")]
+    #[error("student {student_id} is not linked to a user; Users changed user {returned}")]
     NotLinked { student_id: Uuid, returned: Uuid },
     #[error("student {0} does not exist")]
     StudentMissing(Uuid),
