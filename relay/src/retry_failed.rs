@@ -151,14 +151,15 @@ async fn requeue_with_its_key(
             return Ok(());
         }
     }
-    if outbox::redrive(db, row, &row.idempotency_key).await? {
-        writeln!(out, "{line} requeued")?;
-        summary.requeued += 1;
-    } else {
-        writeln!(out, "{line} changed while retrying; left as it is")?;
-        summary.errors += 1;
-    }
-    Ok(())
+    requeue(
+        db,
+        row,
+        &row.idempotency_key,
+        &format!("{line} requeued"),
+        out,
+        summary,
+    )
+    .await
 }
 
 /// With `--new-key`: Users is asked what the old key got first (see the module's comment),
@@ -369,13 +370,26 @@ async fn rekey(
     summary: &mut RetrySummary,
 ) -> anyhow::Result<()> {
     let fresh = Uuid::new_v4().to_string();
-    if outbox::redrive(db, row, &fresh).await? {
-        let why = why.map(|why| format!(": {why}")).unwrap_or_default();
-        writeln!(
-            out,
-            "id={} key={fresh} requeued (new key; was {}){why}",
-            row.id, row.idempotency_key
-        )?;
+    let why = why.map(|why| format!(": {why}")).unwrap_or_default();
+    let requeued = format!(
+        "id={} key={fresh} requeued (new key; was {}){why}",
+        row.id, row.idempotency_key
+    );
+    requeue(db, row, &fresh, &requeued, out, summary).await
+}
+
+/// Puts the failed `row` back to `pending` under `key` (its own or a fresh one), printing
+/// `requeued`; a row changed meanwhile (another run, a relay) is left as it is, an error.
+async fn requeue(
+    db: &DatabaseConnection,
+    row: &outbox_row::Model,
+    key: &str,
+    requeued: &str,
+    out: &mut impl Write,
+    summary: &mut RetrySummary,
+) -> anyhow::Result<()> {
+    if outbox::redrive(db, row, key).await? {
+        writeln!(out, "{requeued}")?;
         summary.requeued += 1;
     } else {
         writeln!(

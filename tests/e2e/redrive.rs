@@ -741,21 +741,7 @@ async fn an_exhausted_row_first_asked_after_users_kept_keys_longer_is_linked_not
     stack
         .restart_users_with(None, &["--inbox-retention", "1h"])
         .await;
-    let user = the_user(&stack).await;
-    let stdout = retry_failed(&stack, &["--id", &failed.id.to_string(), "--new-key"]);
-    assert_eq!(
-        stdout,
-        format!(
-            "id={} key={} linked user={}: Users holds it as the student's only user; not \
-             re-keyed\nrequeued=0 linked=1 skipped=0 errors=0\n",
-            failed.id, failed.idempotency_key, user.id
-        )
-    );
-    stack.wait_until_all_linked(1).await;
-    assert_eq!(
-        student_of(&stack, &failed).await.user_id,
-        user.id.to_string()
-    );
+    new_key_links_the_only_user(&mut stack, &failed, &failed.idempotency_key).await;
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await,
         (1, 0),
@@ -784,27 +770,31 @@ async fn a_row_rejected_because_its_students_own_user_holds_the_number_is_linked
         (rejected.failure_kind, rejected.error_code.as_deref()),
         (Some(FailureKind::Rejected), Some("DOCUMENT_NUMBER_TAKEN"))
     );
-    let user = the_user(&stack).await;
-    let stdout = retry_failed(&stack, &["--id", &failed.id.to_string(), "--new-key"]);
-    assert_eq!(
-        stdout,
-        format!(
-            "id={} key={blind} linked user={}: Users holds it as the student's only user; not \
-             re-keyed\nrequeued=0 linked=1 skipped=0 errors=0\n",
-            failed.id, user.id
-        )
-    );
-    stack.wait_until_all_linked(1).await;
-    assert_eq!(
-        student_of(&stack, &failed).await.user_id,
-        user.id.to_string()
-    );
+    new_key_links_the_only_user(&mut stack, &failed, &blind).await;
     assert_eq!(
         users_and_inbox_rows(&stack.users_db).await,
         (1, 2),
         "one user; the first key and the rejected one"
     );
     stack.assert_audit_clean(1);
+}
+
+/// Runs `retry-failed --id N --new-key` for the failed create-user row `failed` (its key
+/// now `key`), and asserts that it links the student's only user in Users, as the student
+/// then shows.
+async fn new_key_links_the_only_user(stack: &mut Stack, failed: &outbox::Model, key: &str) {
+    let user = the_user(stack).await;
+    let stdout = retry_failed(stack, &["--id", &failed.id.to_string(), "--new-key"]);
+    assert_eq!(
+        stdout,
+        format!(
+            "id={} key={key} linked user={}: Users holds it as the student's only user; not \
+             re-keyed\nrequeued=0 linked=1 skipped=0 errors=0\n",
+            failed.id, user.id
+        )
+    );
+    stack.wait_until_all_linked(1).await;
+    assert_eq!(student_of(stack, failed).await.user_id, user.id.to_string());
 }
 
 /// Asserts that the exhausted row `failed` is still failed under its own key, and its

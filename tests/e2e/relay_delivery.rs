@@ -187,25 +187,34 @@ async fn a_student_linked_to_another_user_fails_its_row_as_a_link_conflict(backe
         "the existing link is never overwritten"
     );
     // A new key would make Users create a second user for this student: refused.
-    let mut out = Vec::new();
-    let summary = relay::retry_failed::retry_failed(
-        &app.student_db,
-        &app.relay().users,
-        relay::retry_failed::Selection::All,
-        relay::retry_failed::Keys::New,
-        &mut out,
-    )
-    .await
-    .expect("retry-failed");
+    let (summary, out) = retry_every_failed_row_with_a_new_key(&app, &app.relay().users).await;
     assert_eq!(summary.exit_code(), 2);
     assert_eq!(
-        String::from_utf8(out).expect("utf-8"),
+        out,
         format!(
             "id={} key={} not linked: Users had executed this key (user={}), but student {first} is already linked to user {foreign}, not {}\nrequeued=0 linked=0 skipped=0 errors=1\n",
             rows[0].id, rows[0].idempotency_key, created.id, created.id
         )
     );
     assert_eq!(statuses(&app).await[0], rows[0], "left as it was");
+}
+
+/// Runs `retry-failed --all --new-key` through `users`: its summary, and what it printed.
+async fn retry_every_failed_row_with_a_new_key(
+    app: &TestApp,
+    users: &relay::users_client::UsersClient,
+) -> (relay::retry_failed::RetrySummary, String) {
+    let mut out = Vec::new();
+    let summary = relay::retry_failed::retry_failed(
+        &app.student_db,
+        users,
+        relay::retry_failed::Selection::All,
+        relay::retry_failed::Keys::New,
+        &mut out,
+    )
+    .await
+    .expect("retry-failed");
+    (summary, String::from_utf8(out).expect("utf-8"))
 }
 
 async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend) {
@@ -341,19 +350,10 @@ async fn a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothi
     assert_eq!(rejected.aggregate_id.to_string(), ids[1]);
     const OLDER: &str = "UNIMPLEMENTED: Users has no ListUsers: it is older than this relay; upgrade users-svc first";
 
-    let mut out = Vec::new();
-    let summary = relay::retry_failed::retry_failed(
-        &app.student_db,
-        &relay.users,
-        relay::retry_failed::Selection::All,
-        relay::retry_failed::Keys::New,
-        &mut out,
-    )
-    .await
-    .expect("retry-failed");
+    let (summary, out) = retry_every_failed_row_with_a_new_key(&app, &relay.users).await;
     assert_eq!(summary.exit_code(), 2);
     assert_eq!(
-        String::from_utf8(out).expect("utf-8"),
+        out,
         format!(
             "id={} key={} not re-keyed: cannot ask Users for student {}'s users: {OLDER}\n\
              requeued=0 linked=0 skipped=0 errors=1\n",
@@ -394,19 +394,10 @@ async fn retry_failed_asks_again_when_users_sheds_its_question(backend: Backend)
     )
     .await;
     let relay = app.relay_to(&shedding.url);
-    let mut out = Vec::new();
-    let summary = relay::retry_failed::retry_failed(
-        &app.student_db,
-        &relay.users,
-        relay::retry_failed::Selection::All,
-        relay::retry_failed::Keys::New,
-        &mut out,
-    )
-    .await
-    .expect("retry-failed");
+    let (summary, out) = retry_every_failed_row_with_a_new_key(&app, &relay.users).await;
     let rekeyed = only_row(&app).await;
     assert_eq!(
-        (summary.exit_code(), String::from_utf8(out).expect("utf-8")),
+        (summary.exit_code(), out),
         (
             0,
             format!(
