@@ -15,7 +15,13 @@ pub enum Failure {
     Transient,
 }
 
-/// Classifies a CreateUser error status.
+/// Classifies a Users error status.
+///
+/// `NOT_FOUND` is transient (a proxy's answer, say), except Users' own `USER_NOT_FOUND`
+/// for a change: the relay names the user its student is linked to, a user Users created
+/// and never deletes, so Users not finding it means Users lost it (restored from an older
+/// backup, deleted by hand); nothing is saved under the key, but no retry brings the user
+/// back, only a repair (`relay audit` names it).
 ///
 /// `UNAUTHENTICATED` and `PERMISSION_DENIED` are transient: Users' interceptor answers them
 /// before the request reaches the inbox, so they say nothing about the operation, only
@@ -28,9 +34,15 @@ pub fn classify(status: &Status) -> Failure {
         | Code::AlreadyExists
         | Code::FailedPrecondition
         | Code::OutOfRange => Failure::Permanent,
+        Code::NotFound if platform::status::reason(status).as_deref() == Some(USER_NOT_FOUND) => {
+            Failure::Permanent
+        }
         _ => Failure::Transient,
     }
 }
+
+/// The `ErrorInfo` reason Users gives a change naming a user it does not have.
+pub const USER_NOT_FOUND: &str = "USER_NOT_FOUND";
 
 /// The `ErrorInfo` reason Users gives a key older than its inbox retention that it does not
 /// have: it cannot tell whether the key ran, so it executed nothing.
@@ -86,5 +98,22 @@ mod tests {
                 "{code:?}"
             );
         }
+    }
+
+    #[test]
+    fn only_users_own_user_not_found_is_a_permanent_not_found() {
+        let lost = platform::status::with_reason(
+            Code::NotFound,
+            "user 0190f3c4-0000-7000-8000-000000000000 not found",
+            USER_NOT_FOUND,
+            "users.v1",
+        );
+        assert_eq!(classify(&lost), Failure::Permanent);
+        assert_eq!(
+            permanent_failure_kind(USER_NOT_FOUND),
+            FailureKind::Rejected
+        );
+        let other = platform::status::with_reason(Code::NotFound, "", "NOT_IN_INBOX", "users.v1");
+        assert_eq!(classify(&other), Failure::Transient);
     }
 }

@@ -38,6 +38,7 @@ on_both_backends!(
     a_student_linked_to_another_user_fails_its_row_as_a_link_conflict,
     a_missing_student_fails_its_row_and_holds_back_no_one,
     a_change_of_a_student_linked_to_no_user_is_not_sent,
+    a_change_for_a_user_users_lost_fails_at_once,
     a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothing_changes,
     retry_failed_asks_again_when_users_sheds_its_question,
     undecodable_rows_fail_on_their_own_and_hold_back_no_one,
@@ -314,6 +315,109 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
         .expect("users")
         .expect("the student's user");
     assert_eq!((user.first_name.as_str(), user.source_version), ("Ana0", 1));
+}
+
+/// Users lost the student's linked user (restored from an older backup, say): the change
+/// naming it is answered `USER_NOT_FOUND`, which no retry can mend, so the row fails at its
+/// first attempt, `rejected`, instead of retrying until it is exhausted; Users saves nothing.
+/// Once the user is restored, `retry-failed --new-key` sends the change to it.
+async fn a_change_for_a_user_users_lost_fails_at_once(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_students(&app, 1).await.remove(0);
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
+    let backup = users::Entity::find()
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("the student's user");
+    let lost = backup.id;
+    users::Entity::delete_by_id(lost)
+        .exec(&app.users_db)
+        .await
+        .expect("Users loses the user");
+    app.student
+        .clone()
+        .update_student(UpdateStudentRequest {
+            id: id.clone(),
+            first_name: "Renamed".into(),
+            last_name: "Pérez".into(),
+            email: "renamed@example.edu".into(),
+            idempotency_key: None,
+            expected_version: 0,
+        })
+        .await
+        .expect("renamed");
+    let before = users_and_inbox_rows(&app.users_db).await;
+
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.failed), (1, 1));
+    let row = statuses(&app).await.remove(1);
+    assert_eq!(
+        (
+            row.status,
+            row.attempts,
+            row.failure_kind,
+            row.error_code.as_deref(),
+            row.last_error.as_deref()
+        ),
+        (
+            OutboxStatus::Failed,
+            1,
+            Some(FailureKind::Rejected),
+            Some("USER_NOT_FOUND"),
+            Some(format!("user {lost} not found").as_str())
+        )
+    );
+    let student = app
+        .student
+        .clone()
+        .get_student(GetStudentRequest { id })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(
+        (student.version, student.synced_version),
+        (2, 1),
+        "the rename never reached Users"
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, before);
+
+    // The repair: the user restored into the Users DB as it was, then a new key (nothing was
+    // saved under the old one), which reaches it.
+    users::Entity::insert(users::ActiveModel::from(backup))
+        .exec(&app.users_db)
+        .await
+        .expect("the user restored");
+    let (summary, out) = retry_every_failed_row_with_a_new_key(&app, &app.relay().users).await;
+    let rekeyed = statuses(&app).await.remove(1);
+    assert_eq!(
+        (summary.exit_code(), out),
+        (
+            0,
+            format!(
+                "id={} key={} requeued (new key; was {})\nrequeued=1 linked=0 skipped=0 errors=0\n",
+                row.id, rekeyed.idempotency_key, row.idempotency_key
+            )
+        )
+    );
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
+    let renamed = users::Entity::find_by_id(lost)
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("the restored user");
+    assert_eq!(
+        (renamed.first_name.as_str(), renamed.source_version),
+        ("Renamed", 2)
+    );
 }
 
 /// A Users older than the relay (no ListUsers, as before it existed): `retry-failed
