@@ -47,6 +47,7 @@ on_both_backends!(
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
     one_trace_id_follows_a_student_through_the_three_processes,
+    the_direct_flow_carries_the_callers_trace_to_users,
     rows_sent_together_are_each_judged_under_their_own_trace,
 );
 
@@ -1135,6 +1136,39 @@ async fn wait_past_a_two_second_retention(issued_at: chrono::DateTime<chrono::Ut
     eventually("the key to be past the horizon", LINK_DEADLINE, || async {
         (chrono::Utc::now() - issued_at > chrono::TimeDelta::milliseconds(2_500)).then_some(())
     })
+    .await;
+}
+
+/// The baseline is measured and debugged like the design: `--link-mode direct` calls Users
+/// under the caller's trace, so Users' lines for the user it creates name that trace.
+async fn the_direct_flow_carries_the_callers_trace_to_users(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack
+        .restart_users_with(None, &["--log-format", "json"])
+        .await;
+    let users_url = format!("http://{}", stack.users_addr);
+    stack
+        .restart_student_with(None, &["--link-mode", "direct", "--users-url", &users_url])
+        .await;
+    let trace_id = new_trace_id();
+    stack
+        .student_client()
+        .create_student(with_trace(student_request(0), &trace_id))
+        .await
+        .expect("created through Users");
+    eventually(
+        "Users logs the user under the caller's trace",
+        LINK_DEADLINE,
+        || async {
+            json_messages(&stack.log_of("users-svc"), &trace_id)
+                .iter()
+                .any(|message| message == "user created")
+                .then_some(())
+        },
+    )
     .await;
 }
 
