@@ -94,6 +94,16 @@ pub fn reason(status: &Status) -> Option<String> {
     status.get_details_error_info().map(|info| info.reason)
 }
 
+/// The field an INVALID_ARGUMENT `status` names (its `BadRequest`'s first violation), if any.
+pub fn invalid_field(status: &Status) -> Option<String> {
+    let bad_request = status.get_details_bad_request()?;
+    bad_request
+        .field_violations
+        .into_iter()
+        .next()
+        .map(|violation| violation.field)
+}
+
 /// How long a status's `RetryInfo` asks the caller to wait, if it has one.
 pub fn retry_after(status: &Status) -> Option<Duration> {
     status.get_details_retry_info()?.retry_delay
@@ -137,6 +147,7 @@ mod tests {
         let status = invalid_argument(&FieldViolation::new("email", "must not be empty"));
         assert_eq!(status.code(), Code::InvalidArgument);
         assert_eq!(status.message(), "invalid email: must not be empty");
+        assert_eq!(invalid_field(&status).as_deref(), Some("email"));
         let bad_request = status.get_details_bad_request().expect("BadRequest");
         assert_eq!(bad_request.field_violations.len(), 1);
         assert_eq!(bad_request.field_violations[0].field, "email");

@@ -7,13 +7,20 @@
 //! - Users holds no other enabled user for a linked student (a second login for one
 //!   student, which a change never reaches: the relay names the linked user; disabling it
 //!   with DisableUser, naming it, settles the problem);
-//! - no two students share a user.
+//! - no two students share a user;
+//! - every enabled user Users holds belongs to a student the Student DB has (`ListUsers`
+//!   a page at a time): a user left behind by a student restored away with an older
+//!   backup, deleted by hand, or by the naive direct flow, holds its document number
+//!   against every new student; disabling it settles the problem.
 //!
 //! One line per problem, then `checked=N problems=N` (N students). Reads only; safe while
 //! relays run (see `student_store::audit::students_page` for why no race reports a false
 //! problem).
 
-use std::{collections::HashMap, io::Write};
+use std::{
+    collections::{HashMap, HashSet},
+    io::Write,
+};
 
 use futures::StreamExt as _;
 use sea_orm::DatabaseConnection;
@@ -24,6 +31,8 @@ use crate::users_client::{UsersClient, unless_shed};
 
 /// Students read from the Student DB at a time.
 const PAGE: u64 = 500;
+/// Users asked for from Users at a time (its most per page).
+const USERS_PAGE: i32 = 500;
 /// Users calls in flight at once.
 const LOOKUPS_IN_FLIGHT: usize = 16;
 
@@ -77,12 +86,65 @@ pub async fn audit(
             }
         }
     }
+    let mut page_token = String::new();
+    loop {
+        let (page, next) = unless_shed(|| users.users_page(page_token.clone(), USERS_PAGE))
+            .await
+            .map_err(|status| {
+                anyhow::anyhow!(
+                    "cannot ask Users for its users: {}: {}",
+                    platform::status::code_name(status.code()),
+                    status.message()
+                )
+            })?;
+        for line in users_without_student(db, &page).await? {
+            problem(line, out)?;
+        }
+        if next.is_empty() {
+            break;
+        }
+        page_token = next;
+    }
     writeln!(
         out,
         "checked={} problems={}",
         summary.checked, summary.problems
     )?;
     Ok(summary)
+}
+
+/// A problem for each enabled user of `page` whose student the Student DB does not have.
+/// A disabled one is no login and holds no document number: not a problem.
+async fn users_without_student(
+    db: &DatabaseConnection,
+    page: &[proto::users::v1::User],
+) -> anyhow::Result<Vec<String>> {
+    let enabled = page
+        .iter()
+        .filter(|user| user.enabled)
+        .map(|user| {
+            Uuid::parse_str(&user.student_id)
+                .map(|student| (user.id.as_str(), student))
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "Users listed user {} with a student id that is not a UUID",
+                        user.id
+                    )
+                })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let named: HashSet<Uuid> = enabled.iter().map(|(_, student)| *student).collect();
+    let existing = audit::existing_students(db, &named).await?;
+    Ok(enabled
+        .into_iter()
+        .filter(|(_, student)| !existing.contains(student))
+        .map(|(user, student)| {
+            format!(
+                "user {user}: Users holds it, enabled, for student {student}, which the Student \
+                 DB does not have"
+            )
+        })
+        .collect())
 }
 
 /// What Users holds for one linked student.

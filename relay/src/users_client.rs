@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use platform::trace::TraceContext;
 use proto::users::v1::{
     CreateUserRequest, CreateUsersItem, CreateUsersRequest, CreateUsersResult, DisableUserRequest,
-    GetUserRequest, KEY_CREATED_AT_HEADER, ListUsersRequest, REPLAY_ONLY_HEADER, REPLAYED_HEADER,
-    UpdateUserRequest, User, create_users_result::Outcome,
+    GetUserRequest, KEY_CREATED_AT_HEADER, ListUsersRequest, ListUsersResponse, REPLAY_ONLY_HEADER,
+    REPLAYED_HEADER, UpdateUserRequest, User, create_users_result::Outcome,
     users_service_client::UsersServiceClient,
 };
 use student_store::{
@@ -223,13 +223,50 @@ impl UsersClient {
     /// Every user Users holds for `student_id` (ListUsers), oldest first. A Users older
     /// than this relay has no ListUsers: its UNIMPLEMENTED says so, and what to do.
     pub async fn list_users(&self, student_id: Uuid) -> Result<Vec<User>, Status> {
-        let request = Request::new(ListUsersRequest {
+        let request = ListUsersRequest {
             student_id: student_id.to_string(),
-        });
+            ..ListUsersRequest::default()
+        };
+        Ok(self.list(request).await?.users)
+    }
+
+    /// One page of every user Users holds, in id order, after the page whose
+    /// `next_page_token` is `page_token` (empty: the first): the users, and the token of
+    /// the next page (empty: the last). A Users that cannot list every user (older than
+    /// this relay: it asks for a student) is named, with what to do.
+    pub async fn users_page(
+        &self,
+        page_token: String,
+        page_size: i32,
+    ) -> Result<(Vec<User>, String), Status> {
+        let request = ListUsersRequest {
+            student_id: String::new(),
+            page_size,
+            page_token,
+        };
+        let page = self.list(request).await.map_err(|status| {
+            let asks_for_a_student = status.code() == tonic::Code::InvalidArgument
+                && platform::status::invalid_field(&status).as_deref() == Some("student_id");
+            if asks_for_a_student {
+                Status::unimplemented(
+                    "Users cannot list every user: it is older than this relay; upgrade \
+                     users-svc first",
+                )
+            } else {
+                status
+            }
+        })?;
+        Ok((page.users, page.next_page_token))
+    }
+
+    async fn list(&self, request: ListUsersRequest) -> Result<ListUsersResponse, Status> {
         let response = self
-            .send(request, None, false, |mut client, request| async move {
-                client.list_users(request).await
-            })
+            .send(
+                Request::new(request),
+                None,
+                false,
+                |mut client, request| async move { client.list_users(request).await },
+            )
             .await
             .map_err(|status| match status.code() {
                 tonic::Code::Unimplemented => Status::unimplemented(
@@ -237,7 +274,7 @@ impl UsersClient {
                 ),
                 _ => status,
             })?;
-        Ok(response.into_inner().users)
+        Ok(response.into_inner())
     }
 
     /// Sends an `update-user` effect under `key` to `user` (see [`UsersClient::deliver`])

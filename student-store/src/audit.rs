@@ -1,7 +1,8 @@
 //! The Student side of `relay audit`: students in pages with their delivered rows and
-//! links, and users linked to more than one student. Reads only.
+//! links, users linked to more than one student, and which of a set of students exist.
+//! Reads only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -100,4 +101,24 @@ pub async fn shared_users(db: &DatabaseConnection) -> Result<Vec<(Uuid, Vec<Uuid
         shared.push((user, students));
     }
     Ok(shared)
+}
+
+/// Which of `ids` are students (a page of Users' users names their students; those not
+/// here belong to no student of this DB). Students are never deleted by the services, so
+/// a student a user was created for exists before the user does.
+pub async fn existing_students(
+    db: &DatabaseConnection,
+    ids: &HashSet<Uuid>,
+) -> Result<HashSet<Uuid>, DbErr> {
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let found: Vec<Uuid> = students::Entity::find()
+        .select_only()
+        .column(students::Column::Id)
+        .filter(students::Column::Id.is_in(ids.iter().copied()))
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(found.into_iter().collect())
 }

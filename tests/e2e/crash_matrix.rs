@@ -723,10 +723,13 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
             .expect("endpoint")
             .connect_lazy(),
     );
-    users
-        .create_user(crate::support::conflicting_user_request(0))
+    let holder_request = crate::support::conflicting_user_request(0);
+    let holder = users
+        .create_user(holder_request.clone())
         .await
-        .expect("a user already holds the document number");
+        .expect("a user already holds the document number")
+        .into_inner()
+        .user_id;
     let id = stack.create_students(0..1).await.remove(0);
     let failed = eventually("the row fails", LINK_DEADLINE, || async {
         let row = stack.outbox_rows().await.remove(0);
@@ -786,8 +789,15 @@ async fn a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key
         (1, 3),
         "one user; three keys judged"
     );
-    // A failed, unlinked student is not a disagreement between the databases.
-    stack.assert_audit_clean(1);
+    // A failed, unlinked student is not a disagreement between the databases; the user
+    // holding its number, of a student this Student DB does not have, is.
+    stack.assert_audit_finds(
+        1,
+        &[crate::support::user_of_no_student(
+            &holder,
+            &holder_request.student_id,
+        )],
+    );
 }
 
 /// A linked student, then (no relay running) an update and a deactivation: two rows waiting,

@@ -634,7 +634,7 @@ fn deactivate_student_and_disable_user_fields_are_accepted_or_named(backend: Bac
 fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
     run_property(
         backend,
-        (0..4usize, hostile(), any::<i32>()),
+        (0..5usize, hostile(), any::<i32>()),
         |app, (rpc, value, page_size), _| {
             Box::pin(async move {
                 let is_uuid = value.len() == 36 && uuid::Uuid::try_parse(&value).is_ok();
@@ -660,11 +660,26 @@ fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
                             .clone()
                             .list_users(ListUsersRequest {
                                 student_id: value.clone(),
+                                ..ListUsersRequest::default()
                             })
                             .await
                             .map(drop),
                         "student_id",
                     ),
+                    4 => {
+                        let request = ListUsersRequest {
+                            student_id: String::new(),
+                            page_size,
+                            page_token: value.clone(),
+                        };
+                        let answer = app.users.clone().list_users(request).await.map(drop);
+                        let field = if page_size < 0 {
+                            "page_size"
+                        } else {
+                            "page_token"
+                        };
+                        (answer, field)
+                    }
                     _ => {
                         let request = ListStudentsRequest {
                             page_size,
@@ -681,8 +696,8 @@ fn lookup_ids_and_page_tokens_are_accepted_or_named(backend: Backend) {
                 };
                 match answer {
                     Ok(()) => prop_assert!(
-                        (rpc == 2 && page_size >= 0 && (value.is_empty() || is_uuid))
-                            || (rpc == 3 && is_uuid)
+                        ((rpc == 2 || rpc == 4) && page_size >= 0 && (value.is_empty() || is_uuid))
+                            || (rpc == 3 && (value.is_empty() || is_uuid))
                     ),
                     Err(status) if status.code() == Code::NotFound => {
                         prop_assert!(rpc < 2 && is_uuid)

@@ -33,7 +33,7 @@ use crate::{
             ops_expressions, promql_names, sample, scrape,
         },
         stack::{LINK_DEADLINE, Stack},
-        student_request,
+        student_request, user_of_no_student,
     },
 };
 
@@ -624,6 +624,42 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     // yet linked and with no row (nothing to disagree about).
     let hour_ago = chrono::Utc::now() - chrono::TimeDelta::hours(1);
     insert_unlinked_students(&stack.student_db, 600, hour_ago).await;
+    // A user of a student the Student DB does not have (made by hand here; the direct
+    // flow's orphan, or a student restored away), on the audit's second page of Users'
+    // users: the first holds 600 disabled ones of no student, lowest ids, no problem.
+    let orphan = stack
+        .users_client()
+        .create_user(conflicting_user_request(9))
+        .await
+        .expect("a user of no student")
+        .into_inner()
+        .user_id;
+    let orphans_student = users::Entity::find_by_id(Uuid::parse_str(&orphan).expect("uuid"))
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the orphan")
+        .student_id;
+    let disabled: Vec<users::ActiveModel> = (1..=600u128)
+        .map(|n| {
+            users::Model {
+                id: Uuid::from_u128(n),
+                email: format!("gone.{n}@example.edu"),
+                first_name: "Gone".into(),
+                last_name: format!("User {n}"),
+                document_number: format!("GONE-{n}"),
+                student_id: Uuid::now_v7(),
+                enabled: false,
+                created_at: hour_ago,
+                source_version: 2,
+            }
+            .into()
+        })
+        .collect();
+    users::Entity::insert_many(disabled)
+        .exec(&stack.users_db)
+        .await
+        .expect("disabled users of no student");
 
     let rows = stack.outbox_rows().await;
     let row_of = |n: usize| {
@@ -671,11 +707,15 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
             ids[1],
             link(1)
         ),
+        format!(
+            "user {orphan}: Users holds it, enabled, for student {orphans_student}, which the \
+             Student DB does not have"
+        ),
     ];
     let mut lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
     assert_eq!(
         lines.pop().as_deref(),
-        Some("checked=604 problems=6"),
+        Some("checked=604 problems=7"),
         "{stdout}"
     );
     lines.sort();
@@ -858,11 +898,14 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
     // Two students linked (done rows), one failed (rejected), one pending (no relay).
     stack.create_students(0..2).await;
     stack.wait_until_all_linked(2).await;
-    stack
+    let holder_request = conflicting_user_request(2);
+    let holder = stack
         .users_client()
-        .create_user(conflicting_user_request(2))
+        .create_user(holder_request.clone())
         .await
-        .expect("somebody else holds student 2's document number");
+        .expect("somebody else holds student 2's document number")
+        .into_inner()
+        .user_id;
     stack.create_students(2..3).await;
     let failed = eventually("student 2's row fails", LINK_DEADLINE, || async {
         let rows = stack.outbox_rows().await;
@@ -1004,7 +1047,11 @@ async fn retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_hori
     // The new key is as young as the redrive, so Users executes it.
     stack.wait_until_all_linked(3).await;
     assert_eq!(users_and_inbox_rows(&stack.users_db).await.0, 4);
-    stack.assert_audit_clean(4);
+    // The one problem: the user holding student 2's number belongs to no student here.
+    stack.assert_audit_finds(
+        4,
+        &[user_of_no_student(&holder, &holder_request.student_id)],
+    );
 
     // `relay run` purges on its own schedule too: the row just delivered goes, the failed
     // one stays.

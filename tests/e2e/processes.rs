@@ -1375,6 +1375,27 @@ async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backen
     assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 1));
     // Users: the orphan of the direct flow, and student 2's user, created once.
     assert_eq!(users_and_inbox_rows(&stack.users_db).await, (2, 3));
+    // `relay audit` names the orphan: a user of a student the Student DB never saved.
+    let first_id: uuid::Uuid = first.id.parse().expect("uuid");
+    let orphan = users_svc::entity::users::Entity::find()
+        .filter(users_svc::entity::users::Column::StudentId.ne(first_id))
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("the orphan");
+    let audit = stack.relay_command(&["audit"]);
+    assert_eq!(
+        (audit.status.code(), String::from_utf8_lossy(&audit.stdout)),
+        (
+            Some(1),
+            format!(
+                "user {}: Users holds it, enabled, for student {}, which the Student DB does \
+                 not have\nchecked=1 problems=1\n",
+                orphan.id, orphan.student_id
+            )
+            .into()
+        )
+    );
 }
 
 /// Users sheds what exceeds its `--max-concurrent-requests` (RESOURCE_EXHAUSTED, the call

@@ -23,6 +23,7 @@ use crate::{
         Backend, conflicting_user_request, eventually,
         invariants::{assert_each_student_linked_exactly_once, stored_user, users_and_inbox_rows},
         stack::{LINK_DEADLINE, Stack},
+        user_of_no_student,
     },
 };
 
@@ -456,7 +457,11 @@ async fn an_exhausted_row_whose_key_users_purged_is_linked_to_the_students_only_
         2,
         "no new user"
     );
-    stack.assert_audit_clean(1);
+    // The other student's user, made by hand here, belongs to no student of this DB.
+    stack.assert_audit_finds(
+        1,
+        &[user_of_no_student(&someone_else, &other_student.student_id)],
+    );
     // Only a failed row's student is linked so.
     let (code, stdout) = retry_failed_exit(&stack, &["--id", &id, "--link-user", &user_id]);
     assert_eq!(

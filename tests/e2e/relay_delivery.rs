@@ -423,7 +423,8 @@ async fn a_change_for_a_user_users_lost_fails_at_once(backend: Backend) {
 /// A Users older than the relay (no ListUsers, as before it existed): `retry-failed
 /// --new-key` cannot look at a rejected create-user row's student and `relay audit`
 /// cannot check a linked student; each says why and to upgrade users-svc first, an error,
-/// and nothing is written.
+/// and nothing is written. The same for a Users whose ListUsers needs a student (before it
+/// paged through every user): the audit cannot look for users of no student.
 async fn a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothing_changes(
     backend: Backend,
 ) {
@@ -472,6 +473,26 @@ async fn a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothi
         format!("cannot ask Users about student {}'s users: {OLDER}", ids[0])
     );
     assert_eq!(statuses(&app).await, before, "nothing written");
+
+    // A Users whose ListUsers answers only for one student: the audit checks the students,
+    // then cannot page through Users' users, and says so.
+    let by_student_only = scripted_users(
+        &app,
+        Script {
+            list_users_by_student_only: true,
+            ..Script::default()
+        },
+    )
+    .await;
+    let relay = app.relay_to(&by_student_only.url);
+    let err = relay::audit::audit(&app.student_db, &relay.users, &mut Vec::new())
+        .await
+        .expect_err("the audit cannot page through Users' users");
+    assert_eq!(
+        err.to_string(),
+        "cannot ask Users for its users: UNIMPLEMENTED: Users cannot list every user: it is \
+         older than this relay; upgrade users-svc first"
+    );
 }
 
 /// `retry-failed` asks again when Users sheds a call (over its `--max-concurrent-requests`:

@@ -33,6 +33,7 @@ on_both_backends!(
     a_rejection_whose_commit_failed_is_not_remembered,
     get_user_returns_the_user_or_names_the_problem,
     list_users_returns_a_students_users_oldest_first_or_names_the_problem,
+    list_users_without_a_student_pages_through_every_user,
     a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not,
     a_malformed_key_time_is_refused_naming_it,
 );
@@ -655,6 +656,7 @@ async fn list_users_returns_a_students_users_oldest_first_or_names_the_problem(b
     let listed = users
         .list_users(ListUsersRequest {
             student_id: student_id.clone(),
+            ..ListUsersRequest::default()
         })
         .await
         .expect("listed")
@@ -678,6 +680,7 @@ async fn list_users_returns_a_students_users_oldest_first_or_names_the_problem(b
     let none = users
         .list_users(ListUsersRequest {
             student_id: Uuid::now_v7().to_string(),
+            ..ListUsersRequest::default()
         })
         .await
         .expect("listed")
@@ -686,6 +689,7 @@ async fn list_users_returns_a_students_users_oldest_first_or_names_the_problem(b
     let status = users
         .list_users(ListUsersRequest {
             student_id: "nope".into(),
+            ..ListUsersRequest::default()
         })
         .await
         .expect_err("malformed");
@@ -696,6 +700,106 @@ async fn list_users_returns_a_students_users_oldest_first_or_names_the_problem(b
             "invalid student_id: must be a hyphenated UUID"
         )
     );
+}
+
+/// ListUsers without a student pages through every user in id order, each as GetUser
+/// returns it: the next_page_token continues after the last user of a page, and is empty
+/// on the last; a page token is refused beside a student id, as are a negative size and a
+/// malformed token.
+async fn list_users_without_a_student_pages_through_every_user(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let created = users
+            .create_user(CreateUserRequest {
+                document_number: format!("DOC-{n}"),
+                student_id: Uuid::now_v7().to_string(),
+                ..request(&format!("key-{n}"))
+            })
+            .await
+            .expect("created");
+        ids.push(created.into_inner().user_id);
+    }
+    ids.sort();
+    let page = |page_size: i32, page_token: &str| ListUsersRequest {
+        student_id: String::new(),
+        page_size,
+        page_token: page_token.into(),
+    };
+
+    let mut listed = Vec::new();
+    let mut tokens = Vec::new();
+    let mut token = String::new();
+    loop {
+        let answer = users
+            .list_users(page(2, &token))
+            .await
+            .expect("a page")
+            .into_inner();
+        assert!(answer.users.len() <= 2, "{answer:?}");
+        listed.extend(answer.users);
+        token = answer.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+        tokens.push(token.clone());
+    }
+    let listed_ids: Vec<String> = listed.iter().map(|user| user.id.clone()).collect();
+    assert_eq!(listed_ids, ids);
+    assert_eq!(tokens, [ids[1].clone(), ids[3].clone()]);
+    for user in &listed {
+        let found = users
+            .get_user(GetUserRequest {
+                id: user.id.clone(),
+            })
+            .await
+            .expect("found")
+            .into_inner();
+        assert_eq!(&found, user);
+    }
+    // Size 0 is the default page (50): all five, and no next page.
+    let all = users
+        .list_users(page(0, ""))
+        .await
+        .expect("a page")
+        .into_inner();
+    assert_eq!((all.users.len(), all.next_page_token.as_str()), (5, ""));
+
+    for (request, field, message) in [
+        (
+            ListUsersRequest {
+                student_id: Uuid::now_v7().to_string(),
+                page_size: 0,
+                page_token: ids[0].clone(),
+            },
+            "page_token",
+            "invalid page_token: must be empty with student_id: a student's users come in one response",
+        ),
+        (
+            page(-1, ""),
+            "page_size",
+            "invalid page_size: must not be negative",
+        ),
+        (
+            page(2, "nope"),
+            "page_token",
+            "invalid page_token: must be a hyphenated UUID",
+        ),
+    ] {
+        let status = users.list_users(request).await.expect_err("refused");
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::InvalidArgument, message),
+            "{field}"
+        );
+        assert_eq!(
+            platform::status::invalid_field(&status).as_deref(),
+            Some(field)
+        );
+    }
 }
 
 /// Turns a valid request into one with a single invalid field.

@@ -11,7 +11,7 @@ use proto::users::v1::{
     REPLAY_ONLY_HEADER, REPLAYED_HEADER, UpdateUserRequest, UpdateUserResponse, User,
     create_users_result::Outcome, users_service_server::UsersService,
 };
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
+use sea_orm::{DatabaseConnection, EntityTrait};
 use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
 use uuid::Uuid;
 
@@ -23,7 +23,7 @@ use crate::{
     entity::{inbox::SavedOutcome, users},
     error::Error,
     inbox::{Answer, KeyAge, Mode},
-    metrics,
+    listing, metrics,
     new_user::NewUser,
 };
 
@@ -268,21 +268,64 @@ impl UsersService for UsersApi {
         request: Request<ListUsersRequest>,
     ) -> Result<Response<ListUsersResponse>, Status> {
         traced(&request);
-        let student_id = validate::uuid("student_id", &request.into_inner().student_id)
+        let request = request.into_inner();
+        if !request.student_id.is_empty() {
+            let student_id = validate::uuid("student_id", &request.student_id)
+                .and_then(|id| match request.page_token.as_str() {
+                    "" => Ok(id),
+                    _ => Err(validate::FieldViolation::new(
+                        "page_token",
+                        "must be empty with student_id: a student's users come in one response",
+                    )),
+                })
+                .map_err(metrics::invalid)
+                .map_err(Error::from)?;
+            let users = listing::users_of_student(&self.db, student_id)
+                .await
+                .map_err(Error::from)?;
+            return Ok(Response::new(ListUsersResponse {
+                users: users.into_iter().map(user_message).collect(),
+                next_page_token: String::new(),
+            }));
+        }
+        let (after, limit) = page_request(request.page_size, &request.page_token)
             .map_err(metrics::invalid)
             .map_err(Error::from)?;
-        // Through `users_student_id_idx`; a student has one user, rarely a few.
-        let users = users::Entity::find()
-            .filter(users::Column::StudentId.eq(student_id))
-            .order_by_asc(users::Column::CreatedAt)
-            .order_by_asc(users::Column::Id)
-            .all(&self.db)
+        let page = listing::page(&self.db, after, limit)
             .await
             .map_err(Error::from)?;
         Ok(Response::new(ListUsersResponse {
-            users: users.into_iter().map(user_message).collect(),
+            users: page.users.into_iter().map(user_message).collect(),
+            next_page_token: page.next_after.map(|id| id.to_string()).unwrap_or_default(),
         }))
     }
+}
+
+/// Users per page of ListUsers when the request names no size, and at most.
+const DEFAULT_PAGE_SIZE: u64 = 50;
+const MAX_PAGE_SIZE: u64 = 500;
+
+/// Where a page of every user starts (the token is the last id of the previous page), and
+/// how many it holds.
+fn page_request(
+    page_size: i32,
+    page_token: &str,
+) -> Result<(Option<Uuid>, u64), validate::FieldViolation> {
+    let limit = match u64::try_from(page_size) {
+        Ok(0) => DEFAULT_PAGE_SIZE,
+        Ok(size) => size.min(MAX_PAGE_SIZE),
+        Err(_) => {
+            return Err(validate::FieldViolation::new(
+                "page_size",
+                "must not be negative",
+            ));
+        }
+    };
+    let after = match page_token {
+        "" => None,
+        token => Some(validate::uuid("page_token", token)?),
+    };
+    Ok((after, limit))
 }
 
 /// A stored user as the API returns it.

@@ -105,6 +105,15 @@ pub fn conflicting_user_request(n: usize) -> CreateUserRequest {
     }
 }
 
+/// What `relay audit` says of an enabled user whose student the Student DB does not have,
+/// as a [`conflicting_user_request`]'s user is: the one that holds the number.
+pub fn user_of_no_student(user_id: &str, student_id: &str) -> String {
+    format!(
+        "user {user_id}: Users holds it, enabled, for student {student_id}, which the Student \
+         DB does not have"
+    )
+}
+
 /// Writes `count` students straight to the Student DB, the first created at `first` and
 /// each a millisecond after the one before (their UUIDv7 ids in the same order); none
 /// linked, none with an outbox row: nothing a relay or an audit has to do with them.

@@ -33,6 +33,9 @@ pub struct Script {
     pub create_user_gate: Option<Arc<Semaphore>>,
     /// ListUsers answered UNIMPLEMENTED, as a Users older than the method answers.
     pub no_list_users: bool,
+    /// ListUsers without a student refused for its `student_id`, as a Users whose
+    /// ListUsers only answered for one student refused it.
+    pub list_users_by_student_only: bool,
 }
 
 struct ScriptedUsers {
@@ -100,6 +103,11 @@ impl UsersService for ScriptedUsers {
     ) -> Result<tonic::Response<ListUsersResponse>, tonic::Status> {
         if self.script.no_list_users {
             return Err(tonic::Status::unimplemented(""));
+        }
+        if self.script.list_users_by_student_only && request.get_ref().student_id.is_empty() {
+            return Err(platform::status::invalid_argument(
+                &platform::validate::FieldViolation::new("student_id", "must be a hyphenated UUID"),
+            ));
         }
         self.real.list_users(request).await
     }

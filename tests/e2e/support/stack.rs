@@ -375,11 +375,22 @@ impl Stack {
     /// Runs `relay audit` and asserts that it checked `students` students and found no
     /// problem: the two databases agree, as seen through Users' API.
     pub fn assert_audit_clean(&self, students: usize) {
+        self.assert_audit_finds(students, &[]);
+    }
+
+    /// Runs `relay audit` and asserts that it checked `students` students and found exactly
+    /// `problems`, in this order.
+    pub fn assert_audit_finds(&self, students: usize, problems: &[String]) {
         let audit = self.relay_command(&["audit"]);
         let stdout = String::from_utf8_lossy(&audit.stdout);
+        let mut expected: String = problems.iter().map(|line| format!("{line}\n")).collect();
+        expected.push_str(&format!("checked={students} problems={}\n", problems.len()));
         assert_eq!(
             (audit.status.code(), stdout.as_ref()),
-            (Some(0), format!("checked={students} problems=0\n").as_str()),
+            (
+                Some(u8::from(!problems.is_empty()).into()),
+                expected.as_str()
+            ),
             "relay audit: {}",
             String::from_utf8_lossy(&audit.stderr)
         );
