@@ -7,6 +7,10 @@
 //! - Users holds no other enabled user for a linked student (a second login for one
 //!   student, which a change never reaches: the relay names the linked user; disabling it
 //!   with DisableUser, naming it, settles the problem);
+//! - a linked user at its student's version mirrors the student (names, e-mail, enabled
+//!   while active), and no linked user is at a version its student has not reached (the
+//!   Student DB went back, say restored from an older backup: Users then ignores the
+//!   student's changes until its version passes the user's);
 //! - no two students share a user;
 //! - every enabled user Users holds belongs to a student the Student DB has (`ListUsers`
 //!   a page at a time): a user left behind by a student restored away with an older
@@ -14,8 +18,14 @@
 //!   against every new student; disabling it settles the problem.
 //!
 //! One line per problem, then `checked=N problems=N` (N students). Reads only; safe while
-//! relays run (see `student_store::audit::students_page` for why no race reports a false
-//! problem).
+//! relays run, no race reporting a false problem: done rows are read before links (see
+//! `student_store::audit::students_page`); a mirror disagreement is judged again against
+//! the student as it is now ([`mirror_problem`]); Users' users are read before the
+//! Student DB is asked for their students, which commit before their create-user rows can
+//! be delivered. (In `--link-mode direct` a user comes before its student, so an audit
+//! during such traffic may name one whose student is saved right after.) A linked user
+//! naming a student the DB does not have is reported twice: as another student's, and as
+//! a user of no student.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -23,8 +33,9 @@ use std::{
 };
 
 use futures::StreamExt as _;
+use proto::users::v1::User;
 use sea_orm::DatabaseConnection;
-use student_store::audit::{self, AuditedStudent};
+use student_store::audit::{self, AuditedStudent, StudentState};
 use uuid::Uuid;
 
 use crate::users_client::{UsersClient, unless_shed};
@@ -82,6 +93,9 @@ pub async fn audit(
         for student in &page {
             summary.checked += 1;
             for line in student_problems(student, &held) {
+                problem(line, out)?;
+            }
+            if let Some(line) = mirror_problem(db, student, &held).await? {
                 problem(line, out)?;
             }
         }
@@ -155,6 +169,8 @@ struct Held {
     /// When the linked user is not among them: the student Users says it belongs to
     /// (`None`: Users has no such user).
     linked_owner: Option<Option<String>>,
+    /// The linked user as Users holds it, when it is among the student's.
+    linked: Option<User>,
 }
 
 /// What Users holds for each linked student of `page` (by student id).
@@ -200,7 +216,11 @@ async fn held_for(users: &UsersClient, student: Uuid, link: Uuid) -> anyhow::Res
         .map_err(|_| {
             anyhow::anyhow!("Users listed a user of student {student} whose id is not a UUID")
         })?;
-    let linked_owner = if users_ids.iter().any(|(id, _)| *id == link) {
+    let linked = listed
+        .iter()
+        .find(|user| user.id == link.to_string())
+        .cloned();
+    let linked_owner = if linked.is_some() {
         None
     } else {
         let found = unless_shed(|| users.get_user(link))
@@ -211,6 +231,67 @@ async fn held_for(users: &UsersClient, student: Uuid, link: Uuid) -> anyhow::Res
     Ok(Held {
         users: users_ids,
         linked_owner,
+        linked,
+    })
+}
+
+/// Whether the student's linked user mirrors it. A disagreement seen against the page read
+/// earlier is judged again against the student as it is now, so a change committed since
+/// (which Users may have applied before it was asked) is never reported: a version Users
+/// holds existed in the Student DB before Users was asked, and a version's fields never
+/// change.
+async fn mirror_problem(
+    db: &DatabaseConnection,
+    student: &AuditedStudent,
+    held: &HashMap<Uuid, Held>,
+) -> anyhow::Result<Option<String>> {
+    let (Some(link), Some(user)) = (
+        student.user_id,
+        held.get(&student.id).and_then(|held| held.linked.as_ref()),
+    ) else {
+        return Ok(None);
+    };
+    if mirror_mismatch(student.id, &student.state, link, user).is_none() {
+        return Ok(None);
+    }
+    Ok(audit::state_now(db, student.id)
+        .await?
+        .and_then(|now| mirror_mismatch(student.id, &now, link, user)))
+}
+
+/// How `user` (linked to student `id`) fails to mirror the student's `state`, if it does:
+/// at a version the student has not reached, or at the student's version with other
+/// fields. Behind the student's version is a change still on its way (or failed, which
+/// `relay status` shows), not a disagreement. Names fields, never their values.
+fn mirror_mismatch(id: Uuid, state: &StudentState, link: Uuid, user: &User) -> Option<String> {
+    let version = i64::try_from(user.source_version).unwrap_or(i64::MAX);
+    if version > state.version {
+        return Some(format!(
+            "student {id}: its user {link} in Users is at version {version}, ahead of the \
+             student's version {}: the Student DB went back (an older backup restored?), and \
+             Users ignores the student's changes until its version passes {version}",
+            state.version
+        ));
+    }
+    if version < state.version {
+        return None;
+    }
+    let differing: Vec<&str> = [
+        ("first_name", user.first_name == state.first_name),
+        ("last_name", user.last_name == state.last_name),
+        ("email", user.email == state.email),
+        ("enabled", user.enabled == state.active),
+    ]
+    .into_iter()
+    .filter(|(_, same)| !same)
+    .map(|(field, _)| field)
+    .collect();
+    (!differing.is_empty()).then(|| {
+        format!(
+            "student {id}: its user {link} in Users differs from the student at version {}: {}",
+            state.version,
+            differing.join(", ")
+        )
     })
 }
 
@@ -292,7 +373,82 @@ mod tests {
                     traceparent: None,
                 })
                 .collect(),
+            state: state(1),
         }
+    }
+
+    fn state(version: i64) -> StudentState {
+        StudentState {
+            version,
+            first_name: "Ana".into(),
+            last_name: "Pérez".into(),
+            email: "ana@example.edu".into(),
+            active: true,
+        }
+    }
+
+    /// Users' copy of `state` at `source_version`.
+    fn mirror(state: &StudentState, source_version: u64) -> User {
+        User {
+            first_name: state.first_name.clone(),
+            last_name: state.last_name.clone(),
+            email: state.email.clone(),
+            enabled: state.active,
+            source_version,
+            ..User::default()
+        }
+    }
+
+    #[test]
+    fn a_linked_user_mirrors_its_student_at_its_version() {
+        let (id, link) = (Uuid::from_u128(1), Uuid::from_u128(7));
+        let at_2 = state(2);
+        assert_eq!(mirror_mismatch(id, &at_2, link, &mirror(&at_2, 2)), None);
+        // Behind: a change on its way.
+        let older = User {
+            first_name: "Old".into(),
+            ..mirror(&at_2, 1)
+        };
+        assert_eq!(mirror_mismatch(id, &at_2, link, &older), None);
+        assert_eq!(
+            mirror_mismatch(id, &at_2, link, &mirror(&at_2, 3)),
+            Some(format!(
+                "student {id}: its user {link} in Users is at version 3, ahead of the student's \
+                 version 2: the Student DB went back (an older backup restored?), and Users \
+                 ignores the student's changes until its version passes 3"
+            ))
+        );
+        let renamed = User {
+            last_name: "Other".into(),
+            email: "other@example.edu".into(),
+            ..mirror(&at_2, 2)
+        };
+        assert_eq!(
+            mirror_mismatch(id, &at_2, link, &renamed),
+            Some(format!(
+                "student {id}: its user {link} in Users differs from the student at version 2: \
+                 last_name, email"
+            ))
+        );
+        let deactivated = StudentState {
+            active: false,
+            ..state(3)
+        };
+        assert_eq!(
+            mirror_mismatch(id, &deactivated, link, &mirror(&at_2, 3)),
+            Some(format!(
+                "student {id}: its user {link} in Users differs from the student at version 3: \
+                 enabled"
+            ))
+        );
+        let first = User {
+            first_name: "Eva".into(),
+            ..mirror(&at_2, 2)
+        };
+        assert!(
+            mirror_mismatch(id, &at_2, link, &first)
+                .is_some_and(|line| line.ends_with(": first_name"))
+        );
     }
 
     #[test]
@@ -305,6 +461,7 @@ mod tests {
                 Held {
                     users: users.to_vec(),
                     linked_owner,
+                    linked: None,
                 },
             )])
         };

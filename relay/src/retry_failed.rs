@@ -2,6 +2,8 @@
 //!
 //! A row that ran out of attempts (Users unreachable for too long) goes back to `pending`
 //! with its key: Users never executed it, or executed it and will answer from its inbox.
+//! So does a change Users refused because it had lost the student's user
+//! (`USER_NOT_FOUND`, saved under no key), once the user is restored.
 //! A row Users *rejected* would get the same saved rejection for the same key, so it is
 //! redriven only with `--new-key`: a fresh key, explicitly a new operation.
 //!
@@ -41,7 +43,7 @@ use uuid::Uuid;
 use platform::status::code_name;
 
 use crate::{
-    classify::DELIVERY_EXPIRED,
+    classify::{DELIVERY_EXPIRED, USER_NOT_FOUND},
     users_client::{Key, UsersClient, row_trace, unless_shed, was_replayed},
 };
 
@@ -126,8 +128,9 @@ pub async fn retry_failed(
 }
 
 /// Without `--new-key`: an `exhausted` row goes back to `pending` with its own key (the
-/// same operation tried again: safe whatever Users did with the key); a rejected or
-/// expired one is skipped with what it needs.
+/// same operation tried again: safe whatever Users did with the key), and so does a change
+/// Users refused `USER_NOT_FOUND` (it saved nothing under the key; the user restored, the
+/// same key reaches it); another rejected or an expired one is skipped with what it needs.
 async fn requeue_with_its_key(
     db: &DatabaseConnection,
     row: &outbox_row::Model,
@@ -137,6 +140,7 @@ async fn requeue_with_its_key(
     let line = row_line(row);
     match row.failure_kind {
         Some(FailureKind::Exhausted) => {}
+        Some(FailureKind::Rejected) if row.error_code.as_deref() == Some(USER_NOT_FOUND) => {}
         Some(FailureKind::Expired) => {
             writeln!(out, "{line} skipped: {}", expired_advice(row))?;
             summary.skipped += 1;

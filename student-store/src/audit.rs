@@ -23,6 +23,31 @@ pub struct AuditedStudent {
     pub user_id: Option<Uuid>,
     /// Its `done` outbox rows, oldest first.
     pub done: Vec<outbox::Model>,
+    /// What its user in Users should show once Users has applied `state.version`.
+    pub state: StudentState,
+}
+
+/// The fields of a student its user in Users mirrors, at the student's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StudentState {
+    pub version: i64,
+    pub first_name: String,
+    pub last_name: String,
+    pub email: String,
+    /// A deactivated student's user is disabled.
+    pub active: bool,
+}
+
+impl From<&students::Model> for StudentState {
+    fn from(student: &students::Model) -> Self {
+        Self {
+            version: student.version,
+            first_name: student.first_name.clone(),
+            last_name: student.last_name.clone(),
+            email: student.email.clone(),
+            active: student.active,
+        }
+    }
 }
 
 /// The next `limit` students after `after` (by id), each with its `done` rows.
@@ -57,23 +82,30 @@ pub async fn students_page(
     for row in rows {
         done.entry(row.aggregate_id).or_default().push(row);
     }
-    let links: Vec<(Uuid, Option<Uuid>)> = students::Entity::find()
-        .select_only()
-        .column(students::Column::Id)
-        .column(students::Column::UserId)
+    let students = students::Entity::find()
         .filter(students::Column::Id.is_in(ids.iter().copied()))
         .order_by_asc(students::Column::Id)
-        .into_tuple()
         .all(db)
         .await?;
-    Ok(links
-        .into_iter()
-        .map(|(id, user_id)| AuditedStudent {
-            id,
-            user_id,
-            done: done.remove(&id).unwrap_or_default(),
+    Ok(students
+        .iter()
+        .map(|student| AuditedStudent {
+            id: student.id,
+            user_id: student.user_id,
+            done: done.remove(&student.id).unwrap_or_default(),
+            state: StudentState::from(student),
         })
         .collect())
+}
+
+/// The student `id` as it is now, for a second look at a disagreement found in a page read
+/// earlier: a change committed since then may explain it.
+pub async fn state_now(db: &DatabaseConnection, id: Uuid) -> Result<Option<StudentState>, DbErr> {
+    Ok(students::Entity::find_by_id(id)
+        .one(db)
+        .await?
+        .as_ref()
+        .map(StudentState::from))
 }
 
 /// Every user linked to more than one student, with those students (by id).
@@ -104,8 +136,9 @@ pub async fn shared_users(db: &DatabaseConnection) -> Result<Vec<(Uuid, Vec<Uuid
 }
 
 /// Which of `ids` are students (a page of Users' users names their students; those not
-/// here belong to no student of this DB). Students are never deleted by the services, so
-/// a student a user was created for exists before the user does.
+/// here belong to no student of this DB). The services never delete a student, and in the
+/// outbox flow a student commits before its create-user row can be delivered, so a user's
+/// student exists before the user does (the direct flow creates the user first).
 pub async fn existing_students(
     db: &DatabaseConnection,
     ids: &HashSet<Uuid>,

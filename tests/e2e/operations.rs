@@ -592,17 +592,17 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         return;
     };
     let ids: Vec<Uuid> = stack
-        .create_students(0..4)
+        .create_students(0..5)
         .await
         .iter()
         .map(|id| id.parse().expect("uuid"))
         .collect();
-    stack.wait_until_all_linked(4).await;
-    stack.assert_audit_clean(4);
+    stack.wait_until_all_linked(5).await;
+    stack.assert_audit_clean(5);
 
     // Break the agreement on purpose, behind the services' backs.
     let links =
-        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 5).await;
     let link = |n: usize| links[&ids[n]];
     let set_link = |n: usize, user: Option<Uuid>| {
         students::Entity::update_many()
@@ -618,6 +618,13 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         .exec(&stack.users_db)
         .await
         .expect("delete student 3's user");
+    users::Entity::update_many()
+        .col_expr(users::Column::FirstName, Expr::value("Changed"))
+        .col_expr(users::Column::Email, Expr::value("changed@example.edu"))
+        .filter(users::Column::Id.eq(link(4)))
+        .exec(&stack.users_db)
+        .await
+        .expect("change student 4's user by hand");
 
     // More students than the audit reads in one page (500), all older than the four, so
     // their problems are on its second page: students written straight to the table, not
@@ -712,10 +719,15 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
              Student DB does not have"
         ),
     ];
+    expected.push(format!(
+        "student {}: its user {} in Users differs from the student at version 1: first_name, email",
+        ids[4],
+        link(4)
+    ));
     let mut lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
     assert_eq!(
         lines.pop().as_deref(),
-        Some("checked=604 problems=7"),
+        Some("checked=605 problems=8"),
         "{stdout}"
     );
     lines.sort();
@@ -751,7 +763,7 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     let stdout = String::from_utf8_lossy(&all.stdout);
     assert_eq!(all.status.code(), Some(1), "{stdout}");
     assert!(
-        stdout.ends_with("replayed=4 matched=2 mismatched=2 errors=0\n"),
+        stdout.ends_with("replayed=5 matched=3 mismatched=2 errors=0\n"),
         "{stdout}"
     );
     assert_eq!(

@@ -320,7 +320,7 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
 /// Users lost the student's linked user (restored from an older backup, say): the change
 /// naming it is answered `USER_NOT_FOUND`, which no retry can mend, so the row fails at its
 /// first attempt, `rejected`, instead of retrying until it is exhausted; Users saves nothing.
-/// Once the user is restored, `retry-failed --new-key` sends the change to it.
+/// Once the user is restored, `retry-failed --all` sends the change to it under its key.
 async fn a_change_for_a_user_users_lost_fails_at_once(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
@@ -387,21 +387,29 @@ async fn a_change_for_a_user_users_lost_fails_at_once(backend: Backend) {
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, before);
 
-    // The repair: the user restored into the Users DB as it was, then a new key (nothing was
-    // saved under the old one), which reaches it.
+    // The repair: the user restored into the Users DB as it was, then `retry-failed --all`,
+    // which requeues the row with its own key (Users saved nothing under it).
     users::Entity::insert(users::ActiveModel::from(backup))
         .exec(&app.users_db)
         .await
         .expect("the user restored");
-    let (summary, out) = retry_every_failed_row_with_a_new_key(&app, &app.relay().users).await;
-    let rekeyed = statuses(&app).await.remove(1);
+    let mut out = Vec::new();
+    let summary = relay::retry_failed::retry_failed(
+        &app.student_db,
+        &app.relay().users,
+        relay::retry_failed::Selection::All,
+        relay::retry_failed::Keys::Keep,
+        &mut out,
+    )
+    .await
+    .expect("retry-failed");
     assert_eq!(
-        (summary.exit_code(), out),
+        (summary.exit_code(), String::from_utf8(out).expect("utf-8")),
         (
             0,
             format!(
-                "id={} key={} requeued (new key; was {})\nrequeued=1 linked=0 skipped=0 errors=0\n",
-                row.id, rekeyed.idempotency_key, row.idempotency_key
+                "id={} key={} requeued\nrequeued=1 linked=0 skipped=0 errors=0\n",
+                row.id, row.idempotency_key
             )
         )
     );

@@ -34,6 +34,7 @@ on_both_backends!(
     get_user_returns_the_user_or_names_the_problem,
     list_users_returns_a_students_users_oldest_first_or_names_the_problem,
     list_users_without_a_student_pages_through_every_user,
+    list_users_pages_default_to_50_and_hold_500_at_most,
     a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not,
     a_malformed_key_time_is_refused_naming_it,
 );
@@ -784,6 +785,15 @@ async fn list_users_without_a_student_pages_through_every_user(backend: Backend)
             "invalid page_size: must not be negative",
         ),
         (
+            ListUsersRequest {
+                student_id: Uuid::now_v7().to_string(),
+                page_size: -1,
+                page_token: String::new(),
+            },
+            "page_size",
+            "invalid page_size: must not be negative",
+        ),
+        (
             page(2, "nope"),
             "page_token",
             "invalid page_token: must be a hyphenated UUID",
@@ -800,6 +810,51 @@ async fn list_users_without_a_student_pages_through_every_user(backend: Backend)
             Some(field)
         );
     }
+}
+
+/// The same page sizes as ListStudents: 50 when the request names none, 500 at most.
+async fn list_users_pages_default_to_50_and_hold_500_at_most(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let at = chrono::Utc::now();
+    let rows: Vec<users::ActiveModel> = (0..501)
+        .map(|n| {
+            users::Model {
+                id: Uuid::now_v7(),
+                email: format!("filler.{n}@example.edu"),
+                first_name: "Filler".into(),
+                last_name: format!("User {n}"),
+                document_number: format!("FILL-{n}"),
+                student_id: Uuid::now_v7(),
+                enabled: true,
+                created_at: at,
+                source_version: 1,
+            }
+            .into()
+        })
+        .collect();
+    users::Entity::insert_many(rows)
+        .exec(&app.users_db)
+        .await
+        .expect("501 users");
+    let page = |page_size, page_token: &str| {
+        let request = ListUsersRequest {
+            student_id: String::new(),
+            page_size,
+            page_token: page_token.to_owned(),
+        };
+        let mut users = app.users.clone();
+        async move { users.list_users(request).await.expect("page").into_inner() }
+    };
+    let default = page(0, "").await;
+    assert_eq!(default.users.len(), 50);
+    assert!(!default.next_page_token.is_empty());
+    let capped = page(1000, "").await;
+    assert_eq!(capped.users.len(), 500);
+    let rest = page(1000, &capped.next_page_token).await;
+    assert_eq!(rest.users.len(), 1);
+    assert!(rest.next_page_token.is_empty());
 }
 
 /// Turns a valid request into one with a single invalid field.

@@ -269,34 +269,34 @@ impl UsersService for UsersApi {
     ) -> Result<Response<ListUsersResponse>, Status> {
         traced(&request);
         let request = request.into_inner();
-        if !request.student_id.is_empty() {
-            let student_id = validate::uuid("student_id", &request.student_id)
-                .and_then(|id| match request.page_token.as_str() {
-                    "" => Ok(id),
-                    _ => Err(validate::FieldViolation::new(
-                        "page_token",
-                        "must be empty with student_id: a student's users come in one response",
-                    )),
-                })
-                .map_err(metrics::invalid)
-                .map_err(Error::from)?;
-            let users = listing::users_of_student(&self.db, student_id)
-                .await
-                .map_err(Error::from)?;
-            return Ok(Response::new(ListUsersResponse {
-                users: users.into_iter().map(user_message).collect(),
-                next_page_token: String::new(),
-            }));
-        }
         let (after, limit) = page_request(request.page_size, &request.page_token)
             .map_err(metrics::invalid)
             .map_err(Error::from)?;
-        let page = listing::page(&self.db, after, limit)
+        if request.student_id.is_empty() {
+            let page = listing::page(&self.db, after, limit)
+                .await
+                .map_err(Error::from)?;
+            return Ok(Response::new(ListUsersResponse {
+                users: page.users.into_iter().map(user_message).collect(),
+                next_page_token: page.next_after.map(|id| id.to_string()).unwrap_or_default(),
+            }));
+        }
+        let student_id = validate::uuid("student_id", &request.student_id)
+            .and_then(|id| match after {
+                None => Ok(id),
+                Some(_) => Err(validate::FieldViolation::new(
+                    "page_token",
+                    "must be empty with student_id: a student's users come in one response",
+                )),
+            })
+            .map_err(metrics::invalid)
+            .map_err(Error::from)?;
+        let users = listing::users_of_student(&self.db, student_id)
             .await
             .map_err(Error::from)?;
         Ok(Response::new(ListUsersResponse {
-            users: page.users.into_iter().map(user_message).collect(),
-            next_page_token: page.next_after.map(|id| id.to_string()).unwrap_or_default(),
+            users: users.into_iter().map(user_message).collect(),
+            next_page_token: String::new(),
         }))
     }
 }
