@@ -42,6 +42,7 @@ on_both_backends!(
     waits_for_sqlites_write_lock_are_counted,
     what_the_alerts_watch_moves_when_deliveries_go_wrong,
     audit_reports_each_disagreement_between_the_databases,
+    a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_the_audit_names_the_rest,
     an_audit_asks_again_for_the_lookups_users_sheds,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
@@ -585,6 +586,130 @@ async fn waits_for_sqlites_write_lock_are_counted(backend: Backend) {
             Backend::Postgres => assert!(!text.contains(WAITS), "{name}: {text}"),
         }
     }
+}
+
+/// The Student DB restored from a backup taken with one row still pending: the relay
+/// delivers it again under its key and Users answers from its inbox (the same user, none
+/// created twice). What the backup lost, the audit names: a user of a student that is gone,
+/// and a user at a version its student no longer has, whose student's next change Users
+/// then ignores, until the student's version passes the user's.
+async fn a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_the_audit_names_the_rest(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let ids = stack.create_students(0..2).await;
+    stack.wait_until_all_linked(2).await;
+    stack.kill_relays();
+    let pending = stack.create_students(2..3).await.remove(0);
+    let backup = (
+        students::Entity::find()
+            .all(&stack.student_db)
+            .await
+            .expect("students"),
+        stack.outbox_rows().await,
+    );
+
+    // After the backup: student 2 linked, student 0 renamed, student 3 created.
+    stack.start_relay(None, &[]);
+    stack.wait_until_all_linked(3).await;
+    assert_eq!(stack.rename_student(&ids[0], "Lost").await, 2);
+    let gone = stack.create_students(3..4).await.remove(0);
+    stack.wait_until_all_linked(4).await;
+    stack.wait_until_all_synced(4).await;
+    let links =
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    let link = |id: &str| links[&Uuid::parse_str(id).expect("uuid")];
+
+    // The restore: the Student DB as the backup has it.
+    stack.kill_relays();
+    outbox::Entity::delete_many()
+        .exec(&stack.student_db)
+        .await
+        .expect("empty the outbox");
+    students::Entity::delete_many()
+        .exec(&stack.student_db)
+        .await
+        .expect("empty students");
+    let (students_then, rows_then) = backup;
+    students::Entity::insert_many(students_then.into_iter().map(students::ActiveModel::from))
+        .exec(&stack.student_db)
+        .await
+        .expect("restore students");
+    outbox::Entity::insert_many(rows_then.into_iter().map(outbox::ActiveModel::from))
+        .exec(&stack.student_db)
+        .await
+        .expect("restore the outbox");
+
+    // Student 2's row, pending again under its key, links the same user.
+    stack.start_relay(None, &[]);
+    stack.wait_until_all_linked(3).await;
+    let relinked: Vec<(Uuid, Option<Uuid>)> = students::Entity::find()
+        .order_by_asc(students::Column::Id)
+        .all(&stack.student_db)
+        .await
+        .expect("students")
+        .into_iter()
+        .map(|student| (student.id, student.user_id))
+        .collect();
+    let mut expected: Vec<(Uuid, Option<Uuid>)> = [&ids[0], &ids[1], &pending]
+        .into_iter()
+        .map(|id| (Uuid::parse_str(id).expect("uuid"), Some(link(id))))
+        .collect();
+    expected.sort();
+    assert_eq!(relinked, expected, "each student linked to the user it had");
+    assert_eq!(
+        users_and_inbox_rows(&stack.users_db).await.0,
+        4,
+        "no user created twice"
+    );
+
+    let ahead = |version: u64| {
+        format!(
+            "student {}: its user {} in Users is at version 2, ahead of the student's version \
+             {version}: the Student DB went back (an older backup restored?), and Users ignores \
+             the student's changes until its version passes 2",
+            ids[0],
+            link(&ids[0])
+        )
+    };
+    let orphan = user_of_no_student(&link(&gone).to_string(), &gone);
+    stack.assert_audit_finds(3, &[ahead(1), orphan.clone()]);
+
+    // Student 0's next change is version 2 again: Users holds a version 2 already, so it
+    // ignores it, and the audit sees the user differ from the student.
+    assert_eq!(stack.rename_student(&ids[0], "Again").await, 2);
+    stack.wait_until_all_synced(3).await;
+    let differs = format!(
+        "student {}: its user {} in Users differs from the student at version 2: first_name",
+        ids[0],
+        link(&ids[0])
+    );
+    stack.assert_audit_finds(3, &[differs, orphan]);
+    // The repair: a change past the user's version, and the orphan disabled.
+    assert_eq!(stack.rename_student(&ids[0], "Final").await, 3);
+    stack.wait_until_all_synced(3).await;
+    stack
+        .users_client()
+        .disable_user(proto::users::v1::DisableUserRequest {
+            idempotency_key: "disable-the-orphan".into(),
+            student_id: gone.clone(),
+            source_version: 2,
+            user_id: link(&gone).to_string(),
+        })
+        .await
+        .expect("the orphan disabled");
+    stack.assert_audit_clean(3);
+    let user = users::Entity::find_by_id(link(&ids[0]))
+        .one(&stack.users_db)
+        .await
+        .expect("users")
+        .expect("student 0's user");
+    assert_eq!(
+        (user.first_name.as_str(), user.source_version),
+        ("Final", 3)
+    );
 }
 
 async fn audit_reports_each_disagreement_between_the_databases(backend: Backend) {
