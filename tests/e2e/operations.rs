@@ -25,6 +25,7 @@ use crate::{
     on_both_backends,
     support::{
         Backend, conflicting_user_request, eventually, insert_unlinked_students,
+        insert_users_of_no_student,
         invariants::{
             assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
         },
@@ -772,26 +773,7 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         .expect("users")
         .expect("the orphan")
         .student_id;
-    let disabled: Vec<users::ActiveModel> = (1..=600u128)
-        .map(|n| {
-            users::Model {
-                id: Uuid::from_u128(n),
-                email: format!("gone.{n}@example.edu"),
-                first_name: "Gone".into(),
-                last_name: format!("User {n}"),
-                document_number: format!("GONE-{n}"),
-                student_id: Uuid::now_v7(),
-                enabled: false,
-                created_at: hour_ago,
-                source_version: 2,
-            }
-            .into()
-        })
-        .collect();
-    users::Entity::insert_many(disabled)
-        .exec(&stack.users_db)
-        .await
-        .expect("disabled users of no student");
+    insert_users_of_no_student(&stack.users_db, (1..=600).map(Uuid::from_u128), false).await;
 
     let rows = stack.outbox_rows().await;
     let row_of = |n: usize| {

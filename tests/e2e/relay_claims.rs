@@ -2,7 +2,6 @@
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use proto::student::v1::UpdateStudentRequest;
 use relay::{
     RunConfig, retry_failed,
     wakeup::{Liveness, Wakeup},
@@ -1385,18 +1384,7 @@ async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays)
     }
     // A change's commit wakes it too (its update-user row).
     let first = rows(&app).await[0].aggregate_id;
-    app.student
-        .clone()
-        .update_student(UpdateStudentRequest {
-            id: first.to_string(),
-            first_name: "Renamed".into(),
-            last_name: "Pérez".into(),
-            email: "renamed@example.edu".into(),
-            idempotency_key: None,
-            expected_version: 0,
-        })
-        .await
-        .expect("renamed");
+    app.rename_student(&first.to_string()).await;
     let delivered = eventually(
         "the relay to deliver the change",
         Duration::from_secs(20),

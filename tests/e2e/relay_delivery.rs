@@ -3,7 +3,7 @@
 use std::{sync::atomic::Ordering, time::Duration};
 
 use proto::{
-    student::v1::{GetStudentRequest, UpdateStudentRequest, UserLinkStatus},
+    student::v1::{GetStudentRequest, UserLinkStatus},
     users::v1::CreateUserRequest,
 };
 use relay::{BatchOutcome, replay};
@@ -252,6 +252,13 @@ async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend)
 /// A change goes to the user its student is linked to. A student unlinked by hand has
 /// none: its change row fails as `NOT_LINKED` without a call, since Users would change
 /// whichever user it finds for the student.
+/// Delivers one batch: the change row, the only one due, fails; returns it.
+async fn the_change_fails(app: &TestApp) -> outbox::Model {
+    let outcome = app.relay().deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.failed), (1, 1));
+    statuses(app).await.remove(1)
+}
+
 async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
@@ -261,18 +268,7 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
         app.relay().deliver_batch().await.expect("batch").delivered,
         1
     );
-    app.student
-        .clone()
-        .update_student(UpdateStudentRequest {
-            id: id.clone(),
-            first_name: "Renamed".into(),
-            last_name: "Pérez".into(),
-            email: "renamed@example.edu".into(),
-            idempotency_key: None,
-            expected_version: 0,
-        })
-        .await
-        .expect("renamed");
+    app.rename_student(&id).await;
     let student = Uuid::parse_str(&id).expect("uuid");
     students::Entity::update_many()
         .col_expr(students::Column::UserId, Expr::value(Option::<Uuid>::None))
@@ -282,9 +278,7 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
         .expect("unlink the student");
     let before = users_and_inbox_rows(&app.users_db).await;
 
-    let outcome = app.relay().deliver_batch().await.expect("batch");
-    assert_eq!((outcome.claimed, outcome.failed), (1, 1));
-    let row = statuses(&app).await.remove(1);
+    let row = the_change_fails(&app).await;
     assert_eq!(
         (
             row.status,
@@ -340,23 +334,10 @@ async fn a_change_for_a_user_users_lost_fails_at_once(backend: Backend) {
         .exec(&app.users_db)
         .await
         .expect("Users loses the user");
-    app.student
-        .clone()
-        .update_student(UpdateStudentRequest {
-            id: id.clone(),
-            first_name: "Renamed".into(),
-            last_name: "Pérez".into(),
-            email: "renamed@example.edu".into(),
-            idempotency_key: None,
-            expected_version: 0,
-        })
-        .await
-        .expect("renamed");
+    app.rename_student(&id).await;
     let before = users_and_inbox_rows(&app.users_db).await;
 
-    let outcome = app.relay().deliver_batch().await.expect("batch");
-    assert_eq!((outcome.claimed, outcome.failed), (1, 1));
-    let row = statuses(&app).await.remove(1);
+    let row = the_change_fails(&app).await;
     assert_eq!(
         (
             row.status,

@@ -817,27 +817,12 @@ async fn list_users_pages_default_to_50_and_hold_500_at_most(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let at = chrono::Utc::now();
-    let rows: Vec<users::ActiveModel> = (0..501)
-        .map(|n| {
-            users::Model {
-                id: Uuid::now_v7(),
-                email: format!("filler.{n}@example.edu"),
-                first_name: "Filler".into(),
-                last_name: format!("User {n}"),
-                document_number: format!("FILL-{n}"),
-                student_id: Uuid::now_v7(),
-                enabled: true,
-                created_at: at,
-                source_version: 1,
-            }
-            .into()
-        })
-        .collect();
-    users::Entity::insert_many(rows)
-        .exec(&app.users_db)
-        .await
-        .expect("501 users");
+    crate::support::insert_users_of_no_student(
+        &app.users_db,
+        (0..501).map(|_| Uuid::now_v7()),
+        true,
+    )
+    .await;
     let page = |page_size, page_token: &str| {
         let request = ListUsersRequest {
             student_id: String::new(),

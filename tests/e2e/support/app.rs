@@ -143,6 +143,23 @@ pub async fn spawn_app_with(backend: Backend, options: AppOptions) -> Option<Tes
 }
 
 impl TestApp {
+    /// Renames student `id` (first name `Renamed`, e-mail `renamed@example.edu`, last name
+    /// as [`super::student_request`] gives it): one `update-user` row.
+    pub async fn rename_student(&self, id: &str) {
+        self.student
+            .clone()
+            .update_student(proto::student::v1::UpdateStudentRequest {
+                id: id.to_owned(),
+                first_name: "Renamed".into(),
+                last_name: "Pérez".into(),
+                email: "renamed@example.edu".into(),
+                idempotency_key: None,
+                expected_version: 0,
+            })
+            .await
+            .expect("renamed");
+    }
+
     /// A relay over this app's Student DB, delivering to this app's Users service.
     pub fn relay(&self) -> Relay {
         self.relay_to(&self.users_url())

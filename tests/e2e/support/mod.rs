@@ -114,6 +114,40 @@ pub fn user_of_no_student(user_id: &str, student_id: &str) -> String {
     )
 }
 
+/// Writes one user per id straight to the Users DB, `enabled` or not, each of a student of
+/// its own that no Student DB has.
+pub async fn insert_users_of_no_student(
+    db: &sea_orm::DatabaseConnection,
+    ids: impl IntoIterator<Item = uuid::Uuid>,
+    enabled: bool,
+) {
+    use sea_orm::EntityTrait as _;
+    use users_svc::entity::users;
+    let at = chrono::Utc::now();
+    let rows: Vec<users::ActiveModel> = ids
+        .into_iter()
+        .enumerate()
+        .map(|(n, id)| {
+            users::Model {
+                id,
+                email: format!("filler.{n}@example.edu"),
+                first_name: "Filler".into(),
+                last_name: format!("User {n}"),
+                document_number: format!("FILL-{n}"),
+                student_id: uuid::Uuid::now_v7(),
+                enabled,
+                created_at: at,
+                source_version: 1,
+            }
+            .into()
+        })
+        .collect();
+    users::Entity::insert_many(rows)
+        .exec(db)
+        .await
+        .expect("insert users");
+}
+
 /// Writes `count` students straight to the Student DB, the first created at `first` and
 /// each a millisecond after the one before (their UUIDv7 ids in the same order); none
 /// linked, none with an outbox row: nothing a relay or an audit has to do with them.
