@@ -8,9 +8,10 @@
 //!   student, which a change never reaches: the relay names the linked user; disabling it
 //!   with DisableUser, naming it, settles the problem);
 //! - a linked user at its student's version mirrors the student (names, e-mail, enabled
-//!   while active), and no linked user is at a version its student has not reached (the
+//!   while active); no linked user is at a version its student has not reached (the
 //!   Student DB went back, say restored from an older backup: Users then ignores the
-//!   student's changes until its version passes the user's);
+//!   student's changes until its version passes the user's), nor behind the version the
+//!   Student DB recorded Users to have applied (the Users DB went back);
 //! - no two students share a user;
 //! - every enabled user Users holds belongs to a student the Student DB has (`ListUsers`
 //!   a page at a time): a user left behind by a student restored away with an older
@@ -260,11 +261,21 @@ async fn mirror_problem(
 }
 
 /// How `user` (linked to student `id`) fails to mirror the student's `state`, if it does:
-/// at a version the student has not reached, or at the student's version with other
-/// fields. Behind the student's version is a change still on its way (or failed, which
-/// `relay status` shows), not a disagreement. Names fields, never their values.
+/// at a version the student has not reached, behind the version Users is recorded to have
+/// applied (Users answered it before the Student DB recorded it), or at the student's
+/// version with other fields. Between the two versions is a change still on its way (or
+/// failed, which `relay status` shows), not a disagreement. Names fields, never their
+/// values.
 fn mirror_mismatch(id: Uuid, state: &StudentState, link: Uuid, user: &User) -> Option<String> {
     let version = i64::try_from(user.source_version).unwrap_or(i64::MAX);
+    if version < state.synced_version {
+        return Some(format!(
+            "student {id}: its user {link} in Users is at version {version}, behind version {} \
+             that Users applied: the Users DB went back (an older backup restored?), and the \
+             student's changes since are not in it",
+            state.synced_version
+        ));
+    }
     if version > state.version {
         return Some(format!(
             "student {id}: its user {link} in Users is at version {version}, ahead of the \
@@ -380,6 +391,7 @@ mod tests {
     fn state(version: i64) -> StudentState {
         StudentState {
             version,
+            synced_version: version,
             first_name: "Ana".into(),
             last_name: "Pérez".into(),
             email: "ana@example.edu".into(),
@@ -404,12 +416,24 @@ mod tests {
         let (id, link) = (Uuid::from_u128(1), Uuid::from_u128(7));
         let at_2 = state(2);
         assert_eq!(mirror_mismatch(id, &at_2, link, &mirror(&at_2, 2)), None);
-        // Behind: a change on its way.
+        // Behind the student, but not behind what Users applied: a change on its way.
+        let on_its_way = StudentState {
+            synced_version: 1,
+            ..at_2.clone()
+        };
         let older = User {
             first_name: "Old".into(),
             ..mirror(&at_2, 1)
         };
-        assert_eq!(mirror_mismatch(id, &at_2, link, &older), None);
+        assert_eq!(mirror_mismatch(id, &on_its_way, link, &older), None);
+        assert_eq!(
+            mirror_mismatch(id, &at_2, link, &older),
+            Some(format!(
+                "student {id}: its user {link} in Users is at version 1, behind version 2 that \
+                 Users applied: the Users DB went back (an older backup restored?), and the \
+                 student's changes since are not in it"
+            ))
+        );
         assert_eq!(
             mirror_mismatch(id, &at_2, link, &mirror(&at_2, 3)),
             Some(format!(

@@ -31,6 +31,8 @@ pub struct AuditedStudent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StudentState {
     pub version: i64,
+    /// The highest version Users is recorded to have applied.
+    pub synced_version: i64,
     pub first_name: String,
     pub last_name: String,
     pub email: String,
@@ -42,6 +44,7 @@ impl From<&students::Model> for StudentState {
     fn from(student: &students::Model) -> Self {
         Self {
             version: student.version,
+            synced_version: student.synced_version,
             first_name: student.first_name.clone(),
             last_name: student.last_name.clone(),
             email: student.email.clone(),

@@ -718,17 +718,23 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         return;
     };
     let ids: Vec<Uuid> = stack
-        .create_students(0..5)
+        .create_students(0..6)
         .await
         .iter()
         .map(|id| id.parse().expect("uuid"))
         .collect();
-    stack.wait_until_all_linked(5).await;
-    stack.assert_audit_clean(5);
+    stack.wait_until_all_linked(6).await;
+    // Student 5 renamed, and Users has applied it.
+    assert_eq!(
+        stack.rename_student(&ids[5].to_string(), "Renamed").await,
+        2
+    );
+    stack.wait_until_all_synced(6).await;
+    stack.assert_audit_clean(6);
 
     // Break the agreement on purpose, behind the services' backs.
     let links =
-        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 5).await;
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 6).await;
     let link = |n: usize| links[&ids[n]];
     let set_link = |n: usize, user: Option<Uuid>| {
         students::Entity::update_many()
@@ -751,6 +757,14 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         .exec(&stack.users_db)
         .await
         .expect("change student 4's user by hand");
+    // Student 5's user as an older backup of the Users DB has it: before the rename.
+    users::Entity::update_many()
+        .col_expr(users::Column::FirstName, Expr::value("Ana5"))
+        .col_expr(users::Column::SourceVersion, Expr::value(1))
+        .filter(users::Column::Id.eq(link(5)))
+        .exec(&stack.users_db)
+        .await
+        .expect("set student 5's user back");
 
     // More students than the audit reads in one page (500), all older than the four, so
     // their problems are on its second page: students written straight to the table, not
@@ -831,10 +845,17 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         ids[4],
         link(4)
     ));
+    expected.push(format!(
+        "student {}: its user {} in Users is at version 1, behind version 2 that Users applied: \
+         the Users DB went back (an older backup restored?), and the student's changes since \
+         are not in it",
+        ids[5],
+        link(5)
+    ));
     let mut lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
     assert_eq!(
         lines.pop().as_deref(),
-        Some("checked=605 problems=8"),
+        Some("checked=606 problems=9"),
         "{stdout}"
     );
     lines.sort();
@@ -870,7 +891,7 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
     let stdout = String::from_utf8_lossy(&all.stdout);
     assert_eq!(all.status.code(), Some(1), "{stdout}");
     assert!(
-        stdout.ends_with("replayed=5 matched=3 mismatched=2 errors=0\n"),
+        stdout.ends_with("replayed=7 matched=5 mismatched=2 errors=0\n"),
         "{stdout}"
     );
     assert_eq!(
