@@ -9,7 +9,7 @@ use uuid::Uuid;
 use anyhow::Context as _;
 
 use crate::{
-    Relay, RunConfig, audit, replay, retry_failed, show, status,
+    Relay, RunConfig, audit, replay, resend, retry_failed, show, status,
     users_client::{UsersClient, UsersConnection},
     wakeup::Wakeup,
 };
@@ -77,10 +77,16 @@ pub enum Command {
     /// other status); prints `purged=N`.
     Purge,
     /// Check that the two databases agree, asking Users through its API: every done row's
-    /// result is its student's link, every linked user exists and points back, no user is
-    /// shared. One line per problem, then `checked=N problems=N`; exit 0 clean, 1 on a
-    /// problem, 2 on an error.
+    /// result is its student's link, every linked user exists, points back and mirrors its
+    /// student at its version, no user is shared, every enabled user has a student. One
+    /// line per problem, then `checked=N problems=N`; exit 0 clean, 1 on a problem, 2 on
+    /// an error.
     Audit,
+    /// After the Users DB was restored from an older backup: send one student's delivered
+    /// rows again, with their keys, for what Users lost of it (its user, or the changes
+    /// after its user's version), as Users is asked first. Exit 0 when rows went back, 1
+    /// when there was nothing to resend or it was refused, 2 on an error.
+    Resend(ResendArgs),
     /// Put failed rows back to pending: rows that ran out of attempts with their key; rows
     /// Users rejected only with --new-key (a new operation). Before giving a new key, Users
     /// is asked (replay-only) about the old one: a user it created is linked instead.
@@ -118,6 +124,13 @@ pub struct RetryFailedRows {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct ResendArgs {
+    /// The student whose delivered rows to send again.
+    #[arg(long)]
+    pub student: Uuid,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct ShowArgs {
     /// The student whose rows to show.
     #[arg(long)]
@@ -151,7 +164,7 @@ impl ReplayArgs {
 /// Runs the parsed command line and returns the process exit code.
 ///
 /// Only the commands that call Users read its settings (`run`, `replay`, `audit`,
-/// `retry-failed`, each first thing): `status`, `show` and `purge` need the Student DB
+/// `retry-failed`, `resend`, each first thing): `status`, `show` and `purge` need the Student DB
 /// alone, and work with a Users CA file that cannot be read.
 pub async fn execute(cli: Cli) -> ExitCode {
     let result = match &cli.command {
@@ -166,6 +179,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Some(Command::Audit) => audit(&cli).await,
         Some(Command::Purge) => purge(&cli.database_url, cli.retain_done).await,
         Some(Command::RetryFailed(args)) => retry(&cli, args).await,
+        Some(Command::Resend(args)) => resend_student(&cli, args.student).await,
     };
     result.unwrap_or_else(|err| fail(&err))
 }
@@ -283,6 +297,15 @@ async fn audit(cli: &Cli) -> anyhow::Result<ExitCode> {
     let summary = audit::audit(&db, &users, &mut out).await?;
     out.flush()?;
     Ok(ExitCode::from(summary.exit_code()))
+}
+
+async fn resend_student(cli: &Cli, student: Uuid) -> anyhow::Result<ExitCode> {
+    let users = cli.users_client()?;
+    let db = migrations::open_existing::<migrations::student::Migrator>(&cli.database_url).await?;
+    let mut out = std::io::stdout().lock();
+    let code = resend::resend(&db, &users, student, &mut out).await?;
+    out.flush()?;
+    Ok(ExitCode::from(code))
 }
 
 async fn retry(cli: &Cli, args: &RetryFailedArgs) -> anyhow::Result<ExitCode> {

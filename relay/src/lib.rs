@@ -20,6 +20,7 @@ mod finalize;
 pub mod metrics;
 mod pipeline;
 pub mod replay;
+pub mod resend;
 pub mod retry_failed;
 pub mod show;
 mod startup;

@@ -80,7 +80,7 @@ impl RetrySummary {
 }
 
 /// What Users' inbox says about a failed row's old key.
-enum OldKey {
+pub(crate) enum OldKey {
     /// Executed: the user was created (or changed) for this row.
     Executed(Delivered),
     /// Nothing the key created: it is not in the inbox (never executed; or, past the
@@ -488,7 +488,10 @@ fn expired_advice(row: &outbox_row::Model) -> String {
 }
 
 /// Asks Users, replay-only (it can never execute), what the row's key got.
-async fn ask_about_old_key(users: &UsersClient, row: &outbox_row::Model) -> Result<OldKey, String> {
+pub(crate) async fn ask_about_old_key(
+    users: &UsersClient,
+    row: &outbox_row::Model,
+) -> Result<OldKey, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload)
         .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
     let (trace, span) = row_trace(row);

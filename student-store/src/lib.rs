@@ -12,6 +12,7 @@ pub mod effect;
 pub mod entity;
 mod finish_many;
 pub mod outbox;
+pub mod resend;
 pub mod students;
 pub mod sync;
 pub mod wake;

@@ -44,6 +44,7 @@ on_both_backends!(
     what_the_alerts_watch_moves_when_deliveries_go_wrong,
     audit_reports_each_disagreement_between_the_databases,
     a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_the_audit_names_the_rest,
+    after_a_users_db_restore_resend_gives_users_back_what_it_lost,
     an_audit_asks_again_for_the_lookups_users_sheds,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
@@ -710,6 +711,205 @@ async fn a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_th
     assert_eq!(
         (user.first_name.as_str(), user.source_version),
         ("Final", 3)
+    );
+}
+
+/// The Users DB restored from an older backup, as the restore leaves it for three students
+/// (user and inbox rows alike): student 0's user gone (created after the backup), student
+/// 1's user back at version 2 (renamed again after it), student 2's user gone but its key still
+/// in the inbox (a hand deletion, not a restore). The audit names the first two; `relay
+/// resend` sends their rows again with their keys (student 0's user created again and
+/// linked, student 1's rename applied again) and refuses the third and a student Users
+/// lost nothing of; then the audit is clean.
+async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let ids = stack.create_students(0..4).await;
+    stack.wait_until_all_linked(4).await;
+    assert_eq!(stack.rename_student(&ids[0], "Renamed").await, 2);
+    assert_eq!(stack.rename_student(&ids[1], "Middle").await, 2);
+    assert_eq!(stack.rename_student(&ids[1], "Renamed").await, 3);
+    stack.wait_until_all_synced(4).await;
+    let links =
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    let link = |n: usize| links[&Uuid::parse_str(&ids[n]).expect("uuid")];
+    let rows = stack.outbox_rows().await;
+    let rows_of = |n: usize| -> Vec<&outbox::Model> {
+        rows.iter()
+            .filter(|row| row.aggregate_id.to_string() == ids[n])
+            .collect()
+    };
+    let forget_keys = |n: usize| {
+        let keys: Vec<String> = rows_of(n)
+            .iter()
+            .map(|row| row.idempotency_key.clone())
+            .collect();
+        users_svc::entity::inbox::Entity::delete_many()
+            .filter(users_svc::entity::inbox::Column::IdempotencyKey.is_in(keys))
+            .exec(&stack.users_db)
+    };
+
+    // The restore.
+    for n in [0, 2] {
+        users::Entity::delete_by_id(link(n))
+            .exec(&stack.users_db)
+            .await
+            .expect("a user the backup lacks");
+    }
+    forget_keys(0).await.expect("student 0's keys");
+    users::Entity::update_many()
+        .col_expr(users::Column::FirstName, Expr::value("Middle"))
+        .col_expr(users::Column::SourceVersion, Expr::value(2))
+        .filter(users::Column::Id.eq(link(1)))
+        .exec(&stack.users_db)
+        .await
+        .expect("student 1's user as the backup has it");
+    let rename_key = rows_of(1)[2].idempotency_key.clone();
+    users_svc::entity::inbox::Entity::delete_by_id(rename_key)
+        .exec(&stack.users_db)
+        .await
+        .expect("student 1's rename key");
+    // A restore restarts users-svc: its memory of recent answers goes with the old history.
+    stack.restart_users(None).await;
+
+    stack.assert_audit_finds(
+        4,
+        &[
+            format!(
+                "student {}: linked to user {}, which Users does not have",
+                ids[0],
+                link(0)
+            ),
+            format!(
+                "student {}: its user {} in Users is at version 2, behind version 3 that Users \
+                 applied: the Users DB went back (an older backup restored?), and the student's \
+                 changes since are not in it",
+                ids[1],
+                link(1)
+            ),
+            format!(
+                "student {}: linked to user {}, which Users does not have",
+                ids[2],
+                link(2)
+            ),
+        ],
+    );
+
+    let resend = |n: usize| stack.relay_command(&["resend", "--student", &ids[n]]);
+    let answer = |output: std::process::Output| {
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    assert_eq!(
+        answer(resend(0)),
+        (
+            Some(0),
+            format!(
+                "student {}: user {} is not in Users: link cleared; requeued with their keys: \
+                 rows {} {}\n",
+                ids[0],
+                link(0),
+                rows_of(0)[0].id,
+                rows_of(0)[1].id
+            )
+        )
+    );
+    // Not while a row of the student is being delivered (one marked so by hand here).
+    let mark = |status: OutboxStatus| {
+        outbox::Entity::update_many()
+            .col_expr(outbox::Column::Status, Expr::value(status))
+            .filter(outbox::Column::Id.eq(rows_of(1)[0].id))
+            .exec(&stack.student_db)
+    };
+    mark(OutboxStatus::Processing).await.expect("in flight");
+    assert_eq!(
+        answer(resend(1)),
+        (
+            Some(1),
+            format!(
+                "student {}: a row of it is being delivered; nothing changed, resend once it is \
+                 done\n",
+                ids[1]
+            )
+        )
+    );
+    mark(OutboxStatus::Done).await.expect("done again");
+    assert_eq!(
+        answer(resend(1)),
+        (
+            Some(0),
+            format!(
+                "student {}: user {} in Users is at version 2, behind version 3 that Users had \
+                 applied; requeued with their keys: rows {}\n",
+                ids[1],
+                link(1),
+                rows_of(1)[2].id
+            )
+        )
+    );
+    assert_eq!(
+        answer(resend(2)),
+        (
+            Some(1),
+            format!(
+                "student {}: user {} is not in Users, but its inbox still answers the \
+                 create-user row's key with user {}: sent again, the row would link that user, \
+                 not create one; nothing changed\n",
+                ids[2],
+                link(2),
+                link(2)
+            )
+        )
+    );
+    assert_eq!(
+        answer(resend(3)),
+        (
+            Some(1),
+            format!(
+                "student {}: user {} in Users is at version 1, not behind version 1 that Users \
+                 had applied: Users lost nothing of it; nothing changed\n",
+                ids[3],
+                link(3)
+            )
+        )
+    );
+
+    stack.wait_until_all_linked(4).await;
+    stack.wait_until_all_synced(4).await;
+    let again: students::Model =
+        students::Entity::find_by_id(Uuid::parse_str(&ids[0]).expect("uuid"))
+            .one(&stack.student_db)
+            .await
+            .expect("students")
+            .expect("student 0");
+    let created_again = again.user_id.expect("linked again");
+    assert_ne!(created_again, link(0), "a new user: the old one is gone");
+    for (user_id, n, version) in [(created_again, 0, 2), (link(1), 1, 3)] {
+        let user = users::Entity::find_by_id(user_id)
+            .one(&stack.users_db)
+            .await
+            .expect("users")
+            .expect("the student's user");
+        assert_eq!(
+            (
+                user.student_id.to_string(),
+                user.first_name.as_str(),
+                user.source_version
+            ),
+            (ids[n].clone(), "Renamed", version)
+        );
+    }
+    // Only student 2, whose loss was no restore, is still named.
+    stack.assert_audit_finds(
+        4,
+        &[format!(
+            "student {}: linked to user {}, which Users does not have",
+            ids[2],
+            link(2)
+        )],
     );
 }
 

@@ -1,0 +1,119 @@
+//! `relay resend`'s one write: a student's delivered rows put back to `pending`, with their
+//! own keys, after the Users DB lost what they did there (restored from an older backup).
+//!
+//! The keys stay: Users executed them in a history its restore undid, and its inbox (restored
+//! with it) no longer holds them, so each runs again, once. They are dated now, so that
+//! Users' horizon guard does not take an old key it no longer holds for one it purged.
+
+use platform::db::{begin_write, now, shared_now};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    sea_query::Expr,
+};
+use uuid::Uuid;
+
+use crate::{
+    effect::CREATE_USER,
+    entity::{
+        outbox::{self, FailureKind, OutboxStatus},
+        students,
+    },
+};
+
+/// What Users lost of one student.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// The linked user itself: every delivered row goes back, the create-user row first, and
+    /// the link is cleared with them, so that the user Users creates again is linked.
+    User,
+    /// The changes after this version (the user's in Users): those go back.
+    ChangesAfter(i64),
+}
+
+/// What became of a resend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resent {
+    /// These rows (ids, oldest first) are `pending` again.
+    Requeued(Vec<i64>),
+    /// A row of the student is `processing`: nothing changed (wait for it, then resend).
+    InFlight,
+    /// The student is no longer linked to the user the resend was judged for: nothing
+    /// changed.
+    LinkChanged,
+}
+
+/// Puts back to `pending` the `done` rows of `student` (linked to `link`) that `lost` names,
+/// in one transaction with the student's link and `synced_version` set to what Users holds
+/// now (no link and 0 when the user is lost, else the user's version). Rows in any other
+/// status are left as they are: a `failed` one goes back with `retry-failed`.
+pub async fn resend(
+    db: &DatabaseConnection,
+    student: Uuid,
+    link: Uuid,
+    lost: Lost,
+) -> Result<Resent, DbErr> {
+    let txn = begin_write(db).await?;
+    let in_flight = outbox::Entity::find()
+        .filter(outbox::Column::AggregateId.eq(student))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
+        .count(&txn)
+        .await?;
+    if in_flight > 0 {
+        return Ok(Resent::InFlight);
+    }
+    let (user_id, synced_version) = match lost {
+        Lost::User => (None, 0),
+        Lost::ChangesAfter(version) => (Some(link), version),
+    };
+    let linked = students::Entity::update_many()
+        .col_expr(students::Column::UserId, Expr::value(user_id))
+        .col_expr(students::Column::SyncedVersion, Expr::value(synced_version))
+        .filter(students::Column::Id.eq(student))
+        .filter(students::Column::UserId.eq(link))
+        .exec(&txn)
+        .await?;
+    if linked.rows_affected != 1 {
+        return Ok(Resent::LinkChanged);
+    }
+    let mut rows = outbox::Entity::find()
+        .filter(outbox::Column::AggregateId.eq(student))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Done));
+    if let Lost::ChangesAfter(version) = lost {
+        rows = rows
+            .filter(outbox::Column::EffectType.ne(CREATE_USER))
+            .filter(outbox::Column::AggregateVersion.gt(version));
+    }
+    let ids: Vec<i64> = rows
+        .order_by_asc(outbox::Column::Id)
+        .all(&txn)
+        .await?
+        .into_iter()
+        .map(|row| row.id)
+        .collect();
+    outbox::Entity::update_many()
+        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
+        .col_expr(outbox::Column::KeyCreatedAt, Expr::value(Some(now())))
+        .col_expr(outbox::Column::Attempts, Expr::value(0))
+        .col_expr(
+            outbox::Column::AvailableAt,
+            shared_now(db.get_database_backend()),
+        )
+        .col_expr(
+            outbox::Column::DeliveredUserId,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(
+            outbox::Column::ProcessedAt,
+            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
+        )
+        .col_expr(
+            outbox::Column::FailureKind,
+            Expr::value(Option::<FailureKind>::None),
+        )
+        .filter(outbox::Column::Id.is_in(ids.iter().copied()))
+        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
+        .exec(&txn)
+        .await?;
+    txn.commit().await?;
+    Ok(Resent::Requeued(ids))
+}
