@@ -237,10 +237,12 @@ async fn held_for(users: &UsersClient, student: Uuid, link: Uuid) -> anyhow::Res
 }
 
 /// Whether the student's linked user mirrors it. A disagreement seen against the page read
-/// earlier is judged again against the student as it is now, so a change committed since
-/// (which Users may have applied before it was asked) is never reported: a version Users
-/// holds existed in the Student DB before Users was asked, and a version's fields never
-/// change.
+/// earlier is judged again against the student's version and fields as they are now, so a
+/// change committed since (which Users may have applied before it was asked) is never
+/// reported: a version Users holds existed in the Student DB before Users was asked, and a
+/// version's fields never change. The version Users is recorded to have applied stays the
+/// page's: read before Users was asked, Users held it then (one recorded later may be one
+/// Users applied after it was asked).
 async fn mirror_problem(
     db: &DatabaseConnection,
     student: &AuditedStudent,
@@ -255,9 +257,13 @@ async fn mirror_problem(
     if mirror_mismatch(student.id, &student.state, link, user).is_none() {
         return Ok(None);
     }
-    Ok(audit::state_now(db, student.id)
-        .await?
-        .and_then(|now| mirror_mismatch(student.id, &now, link, user)))
+    Ok(audit::state_now(db, student.id).await?.and_then(|now| {
+        let now = StudentState {
+            synced_version: student.state.synced_version,
+            ..now
+        };
+        mirror_mismatch(student.id, &now, link, user)
+    }))
 }
 
 /// How `user` (linked to student `id`) fails to mirror the student's `state`, if it does:

@@ -5,7 +5,10 @@
 //! the backup), or whose user is behind the version Users had applied (changed after it).
 //! Users is asked first, and the rows go back only for what it truly lost: the user (every
 //! row, the link cleared, so that the create-user row creates and links it again) or the
-//! changes after the user's version. Their keys stay (see `student_store::resend`).
+//! changes after the user's version. Every one of those versions must still have its row
+//! (`relay purge` deletes old ones), and Users' inbox must hold none of their keys (it
+//! would answer them, not run them: a user deleted by hand is no restore). Their keys stay
+//! (see `student_store::resend`).
 
 use std::io::Write;
 
@@ -13,7 +16,7 @@ use sea_orm::DatabaseConnection;
 use student_store::{
     audit::state_now,
     effect::CREATE_USER,
-    entity::outbox::OutboxStatus,
+    entity::outbox::{self as outbox_row, OutboxStatus},
     outbox::rows_of_student,
     resend::{self, Lost, Resent},
     students,
@@ -46,61 +49,51 @@ pub async fn resend(
         )?;
         return Ok(1);
     };
-    let (lost, what) = match what_users_lost(db, users, student, link, state.synced_version).await?
-    {
-        Ok(found) => found,
+    let synced = state.synced_version;
+    let judged = match what_users_lost(users, student, link, synced).await? {
+        Ok((lost, what)) => match rows_to_send(db, users, student, lost, synced).await? {
+            Ok(rows) => Ok((lost, what, rows)),
+            Err(refusal) => Err(refusal),
+        },
+        Err(refusal) => Err(refusal),
+    };
+    let (lost, what, rows) = match judged {
+        Ok(judged) => judged,
         Err(refusal) => {
             writeln!(out, "student {student}: {refusal}; nothing changed")?;
             return Ok(1);
         }
     };
-    match resend::resend(db, student, link, lost).await? {
-        Resent::Requeued(ids) => {
+    let mut ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+    ids.sort_unstable();
+    let refusal = match resend::resend(db, student, (link, synced), lost, &ids).await? {
+        Resent::Requeued => {
             let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
             writeln!(
                 out,
                 "student {student}: {what}; requeued with their keys: rows {}",
                 ids.join(" ")
             )?;
-            Ok(0)
+            return Ok(0);
         }
-        Resent::InFlight => {
-            writeln!(
-                out,
-                "student {student}: a row of it is being delivered; nothing changed, resend once \
-                 it is done"
-            )?;
-            Ok(1)
-        }
-        Resent::LinkChanged => {
-            writeln!(
-                out,
-                "student {student}: its link changed meanwhile; nothing changed"
-            )?;
-            Ok(1)
-        }
-    }
+        Resent::Busy => "a row of it waits or is being delivered; resend once it is delivered",
+        Resent::Changed => "it changed meanwhile (its link, its versions or its rows); look again",
+    };
+    writeln!(out, "student {student}: {refusal}; nothing changed")?;
+    Ok(1)
 }
 
 /// What Users lost of `student` (linked to `link`, `synced` the version Users had applied),
 /// and how to say so; or why nothing is to be resent.
 async fn what_users_lost(
-    db: &DatabaseConnection,
     users: &UsersClient,
     student: Uuid,
     link: Uuid,
     synced: i64,
 ) -> anyhow::Result<Result<(Lost, String), String>> {
-    let asking = |what: &str, status: tonic::Status| {
-        anyhow::anyhow!(
-            "cannot ask Users {what}: {}: {}",
-            code_name(status.code()),
-            status.message()
-        )
-    };
     let listed = unless_shed(|| users.list_users(student))
         .await
-        .map_err(|status| asking(&format!("for student {student}'s users"), status))?;
+        .map_err(|status| asking(&format!("for student {student}'s users"), &status))?;
     if let Some(user) = listed.iter().find(|user| user.id == link.to_string()) {
         let version = i64::try_from(user.source_version).unwrap_or(i64::MAX);
         return Ok(if version < synced {
@@ -128,34 +121,76 @@ async fn what_users_lost(
     }
     if let Some(user) = unless_shed(|| users.get_user(link))
         .await
-        .map_err(|status| asking(&format!("about user {link}"), status))?
+        .map_err(|status| asking(&format!("about user {link}"), &status))?
     {
         return Ok(Err(format!(
             "its linked user {link} belongs to student {} in Users",
             user.student_id
         )));
     }
-    // The user is gone. Its create-user row's key must be gone from the inbox too (restored
-    // with it), or sent again it would be answered with the lost user, not create one.
-    let rows = rows_of_student(db, student).await?;
-    let Some(create) = rows
-        .iter()
-        .find(|row| row.effect_type == CREATE_USER && row.status == OutboxStatus::Done)
-    else {
-        return Ok(Err(format!(
-            "user {link} is not in Users, and no delivered create-user row can create it again"
-        )));
+    Ok(Ok((
+        Lost::User,
+        format!("user {link} is not in Users: link cleared"),
+    )))
+}
+
+/// The delivered rows of `student` that carry what Users lost, oldest first: one for every
+/// lost version (the create-user row is version 1), each with a key Users' inbox does not
+/// hold; or why they cannot be sent again.
+async fn rows_to_send(
+    db: &DatabaseConnection,
+    users: &UsersClient,
+    student: Uuid,
+    lost: Lost,
+    synced: i64,
+) -> anyhow::Result<Result<Vec<outbox_row::Model>, String>> {
+    let (first, what_for) = match lost {
+        Lost::User => (1, "create the user again"),
+        Lost::ChangesAfter(version) => (version + 1, "change it again"),
     };
-    match ask_about_old_key(users, create).await {
-        Err(problem) => Err(anyhow::anyhow!(problem)),
-        Ok(OldKey::Executed(answered)) => Ok(Err(format!(
-            "user {link} is not in Users, but its inbox still answers the create-user row's key \
-             with user {}: sent again, the row would link that user, not create one",
-            answered.user_id()
-        ))),
-        Ok(OldKey::NothingKnown) => Ok(Ok((
-            Lost::User,
-            format!("user {link} is not in Users: link cleared"),
-        ))),
+    let rows: Vec<outbox_row::Model> = rows_of_student(db, student)
+        .await?
+        .into_iter()
+        .filter(|row| row.status == OutboxStatus::Done)
+        .filter(|row| match lost {
+            Lost::User => true,
+            Lost::ChangesAfter(version) => {
+                row.effect_type != CREATE_USER && row.aggregate_version > version
+            }
+        })
+        .collect();
+    let missing: Vec<String> = (first..=synced)
+        .filter(|version| !rows.iter().any(|row| row.aggregate_version == *version))
+        .map(|version| version.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Ok(Err(format!(
+            "the delivered rows of versions {} are gone (purged), so nothing can {what_for} \
+             as it was",
+            missing.join(" ")
+        )));
     }
+    for row in &rows {
+        match ask_about_old_key(users, row).await {
+            Err(problem) => return Err(anyhow::anyhow!(problem)),
+            Ok(OldKey::Executed(answered)) => {
+                return Ok(Err(format!(
+                    "Users' inbox still answers the key of row {} (user {}): that is no restore, \
+                     and sent again the row would be answered, not run",
+                    row.id,
+                    answered.user_id()
+                )));
+            }
+            Ok(OldKey::NothingKnown) => {}
+        }
+    }
+    Ok(Ok(rows))
+}
+
+fn asking(what: &str, status: &tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!(
+        "cannot ask Users {what}: {}: {}",
+        code_name(status.code()),
+        status.message()
+    )
 }

@@ -33,47 +33,55 @@ pub enum Lost {
 /// What became of a resend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resent {
-    /// These rows (ids, oldest first) are `pending` again.
-    Requeued(Vec<i64>),
-    /// A row of the student is `processing`: nothing changed (wait for it, then resend).
-    InFlight,
-    /// The student is no longer linked to the user the resend was judged for: nothing
-    /// changed.
-    LinkChanged,
+    /// The rows are `pending` again.
+    Requeued,
+    /// A row of the student waits or is being delivered: nothing changed (sent before the
+    /// rows that go back, it would reach Users out of order).
+    Busy,
+    /// The student's link or recorded version, or its delivered rows, are no longer what
+    /// the resend was judged on: nothing changed.
+    Changed,
 }
 
-/// Puts back to `pending` the `done` rows of `student` (linked to `link`) that `lost` names,
-/// in one transaction with the student's link and `synced_version` set to what Users holds
-/// now (no link and 0 when the user is lost, else the user's version). Rows in any other
-/// status are left as they are: a `failed` one goes back with `retry-failed`.
+/// Puts back to `pending` the `done` rows `ids` of `student`, which must be exactly its
+/// `done` rows that `lost` names, in one transaction with the student's link and
+/// `synced_version` set to what Users holds now (no link and 0 when the user is lost, else
+/// the user's version). Judged on the student linked to `link` with `synced` recorded: if
+/// either changed, or a row of the student is `pending` or `processing`, nothing changes.
+///
+/// The student row is updated first: its lock keeps the student's changes (which update
+/// it too) from adding a row until the commit, and the check for undelivered rows comes
+/// after it, so no row of the student can be claimed and sent ahead of the ones going back.
 pub async fn resend(
     db: &DatabaseConnection,
     student: Uuid,
-    link: Uuid,
+    (link, synced): (Uuid, i64),
     lost: Lost,
+    ids: &[i64],
 ) -> Result<Resent, DbErr> {
     let txn = begin_write(db).await?;
-    let in_flight = outbox::Entity::find()
-        .filter(outbox::Column::AggregateId.eq(student))
-        .filter(outbox::Column::Status.eq(OutboxStatus::Processing))
-        .count(&txn)
-        .await?;
-    if in_flight > 0 {
-        return Ok(Resent::InFlight);
-    }
     let (user_id, synced_version) = match lost {
         Lost::User => (None, 0),
         Lost::ChangesAfter(version) => (Some(link), version),
     };
-    let linked = students::Entity::update_many()
+    let judged = students::Entity::update_many()
         .col_expr(students::Column::UserId, Expr::value(user_id))
         .col_expr(students::Column::SyncedVersion, Expr::value(synced_version))
         .filter(students::Column::Id.eq(student))
         .filter(students::Column::UserId.eq(link))
+        .filter(students::Column::SyncedVersion.eq(synced))
         .exec(&txn)
         .await?;
-    if linked.rows_affected != 1 {
-        return Ok(Resent::LinkChanged);
+    if judged.rows_affected != 1 {
+        return Ok(Resent::Changed);
+    }
+    let undelivered = outbox::Entity::find()
+        .filter(outbox::Column::AggregateId.eq(student))
+        .filter(outbox::Column::Status.is_in([OutboxStatus::Pending, OutboxStatus::Processing]))
+        .count(&txn)
+        .await?;
+    if undelivered > 0 {
+        return Ok(Resent::Busy);
     }
     let mut rows = outbox::Entity::find()
         .filter(outbox::Column::AggregateId.eq(student))
@@ -83,14 +91,17 @@ pub async fn resend(
             .filter(outbox::Column::EffectType.ne(CREATE_USER))
             .filter(outbox::Column::AggregateVersion.gt(version));
     }
-    let ids: Vec<i64> = rows
+    let found: Vec<i64> = rows
         .order_by_asc(outbox::Column::Id)
         .all(&txn)
         .await?
         .into_iter()
         .map(|row| row.id)
         .collect();
-    outbox::Entity::update_many()
+    if found != ids {
+        return Ok(Resent::Changed);
+    }
+    let requeued = outbox::Entity::update_many()
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
         .col_expr(outbox::Column::KeyCreatedAt, Expr::value(Some(now())))
         .col_expr(outbox::Column::Attempts, Expr::value(0))
@@ -114,6 +125,10 @@ pub async fn resend(
         .filter(outbox::Column::Status.eq(OutboxStatus::Done))
         .exec(&txn)
         .await?;
+    // A purge may have deleted one since it was read (PostgreSQL reads committed rows).
+    if requeued.rows_affected != ids.len() as u64 {
+        return Ok(Resent::Changed);
+    }
     txn.commit().await?;
-    Ok(Resent::Requeued(ids))
+    Ok(Resent::Requeued)
 }

@@ -714,25 +714,28 @@ async fn a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_th
     );
 }
 
-/// The Users DB restored from an older backup, as the restore leaves it for three students
-/// (user and inbox rows alike): student 0's user gone (created after the backup), student
-/// 1's user back at version 2 (renamed again after it), student 2's user gone but its key still
-/// in the inbox (a hand deletion, not a restore). The audit names the first two; `relay
-/// resend` sends their rows again with their keys (student 0's user created again and
-/// linked, student 1's rename applied again) and refuses the third and a student Users
-/// lost nothing of; then the audit is clean.
+/// The Users DB restored from an older backup, as the restore leaves it (user and inbox
+/// rows alike): student 0's user gone (created after the backup), student 1's user back at
+/// version 2 (renamed again after it), student 4's back at version 1 with its rename's row
+/// purged from the Student DB since; and student 2's user gone but its key still in the
+/// inbox (a hand deletion, no restore). The audit names the four; `relay resend` (relays
+/// stopped, so that what it writes can be read before it is sent) sends student 0's and 1's
+/// rows again with their keys, and refuses the others, a student Users lost nothing of, and
+/// one with a row in flight. Then student 0's user is created again and linked, student
+/// 1's rename applied again.
 async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
-    let ids = stack.create_students(0..4).await;
-    stack.wait_until_all_linked(4).await;
+    let ids = stack.create_students(0..5).await;
+    stack.wait_until_all_linked(5).await;
     assert_eq!(stack.rename_student(&ids[0], "Renamed").await, 2);
     assert_eq!(stack.rename_student(&ids[1], "Middle").await, 2);
     assert_eq!(stack.rename_student(&ids[1], "Renamed").await, 3);
-    stack.wait_until_all_synced(4).await;
+    assert_eq!(stack.rename_student(&ids[4], "Renamed").await, 2);
+    stack.wait_until_all_synced(5).await;
     let links =
-        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 5).await;
     let link = |n: usize| links[&Uuid::parse_str(&ids[n]).expect("uuid")];
     let rows = stack.outbox_rows().await;
     let rows_of = |n: usize| -> Vec<&outbox::Model> {
@@ -740,71 +743,81 @@ async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: 
             .filter(|row| row.aggregate_id.to_string() == ids[n])
             .collect()
     };
-    let forget_keys = |n: usize| {
-        let keys: Vec<String> = rows_of(n)
-            .iter()
-            .map(|row| row.idempotency_key.clone())
-            .collect();
+    let forget = |keys: Vec<String>| {
         users_svc::entity::inbox::Entity::delete_many()
             .filter(users_svc::entity::inbox::Column::IdempotencyKey.is_in(keys))
             .exec(&stack.users_db)
     };
+    let set_back = |n: usize, first_name: &'static str, version: i64| {
+        users::Entity::update_many()
+            .col_expr(users::Column::FirstName, Expr::value(first_name))
+            .col_expr(users::Column::SourceVersion, Expr::value(version))
+            .filter(users::Column::Id.eq(link(n)))
+            .exec(&stack.users_db)
+    };
 
-    // The restore.
+    // The restore (and, for student 2, a hand deletion; for student 4, a purge since).
     for n in [0, 2] {
         users::Entity::delete_by_id(link(n))
             .exec(&stack.users_db)
             .await
             .expect("a user the backup lacks");
     }
-    forget_keys(0).await.expect("student 0's keys");
-    users::Entity::update_many()
-        .col_expr(users::Column::FirstName, Expr::value("Middle"))
-        .col_expr(users::Column::SourceVersion, Expr::value(2))
-        .filter(users::Column::Id.eq(link(1)))
-        .exec(&stack.users_db)
+    let keys_of = |n: usize, from: usize| -> Vec<String> {
+        rows_of(n)[from..]
+            .iter()
+            .map(|row| row.idempotency_key.clone())
+            .collect()
+    };
+    forget(keys_of(0, 0)).await.expect("student 0's keys");
+    set_back(1, "Middle", 2).await.expect("student 1's user");
+    forget(keys_of(1, 2))
         .await
-        .expect("student 1's user as the backup has it");
-    let rename_key = rows_of(1)[2].idempotency_key.clone();
-    users_svc::entity::inbox::Entity::delete_by_id(rename_key)
-        .exec(&stack.users_db)
+        .expect("student 1's last rename");
+    set_back(4, "Ana4", 1).await.expect("student 4's user");
+    forget(keys_of(4, 1)).await.expect("student 4's rename");
+    outbox::Entity::delete_by_id(rows_of(4)[1].id)
+        .exec(&stack.student_db)
         .await
-        .expect("student 1's rename key");
+        .expect("student 4's rename row purged");
     // A restore restarts users-svc: its memory of recent answers goes with the old history.
     stack.restart_users(None).await;
 
-    stack.assert_audit_finds(
-        4,
-        &[
-            format!(
-                "student {}: linked to user {}, which Users does not have",
-                ids[0],
-                link(0)
-            ),
-            format!(
-                "student {}: its user {} in Users is at version 2, behind version 3 that Users \
-                 applied: the Users DB went back (an older backup restored?), and the student's \
-                 changes since are not in it",
-                ids[1],
-                link(1)
-            ),
-            format!(
-                "student {}: linked to user {}, which Users does not have",
-                ids[2],
-                link(2)
-            ),
-        ],
-    );
+    let lost = |n: usize| {
+        format!(
+            "student {}: linked to user {}, which Users does not have",
+            ids[n],
+            link(n)
+        )
+    };
+    let behind = |n: usize, version: u64| {
+        format!(
+            "student {}: its user {} in Users is at version {}, behind version {version} that \
+             Users applied: the Users DB went back (an older backup restored?), and the \
+             student's changes since are not in it",
+            ids[n],
+            link(n),
+            version - 1
+        )
+    };
+    stack.assert_audit_finds(5, &[lost(0), behind(1, 3), lost(2), behind(4, 2)]);
 
-    let resend = |n: usize| stack.relay_command(&["resend", "--student", &ids[n]]);
-    let answer = |output: std::process::Output| {
+    stack.kill_relays();
+    let resend = |n: usize| {
+        let output = stack.relay_command(&["resend", "--student", &ids[n]]);
         (
             output.status.code(),
             String::from_utf8_lossy(&output.stdout).into_owned(),
         )
     };
+    let refused = |n: usize, why: String| {
+        (
+            Some(1),
+            format!("student {}: {why}; nothing changed\n", ids[n]),
+        )
+    };
     assert_eq!(
-        answer(resend(0)),
+        resend(0),
         (
             Some(0),
             format!(
@@ -826,19 +839,15 @@ async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: 
     };
     mark(OutboxStatus::Processing).await.expect("in flight");
     assert_eq!(
-        answer(resend(1)),
-        (
-            Some(1),
-            format!(
-                "student {}: a row of it is being delivered; nothing changed, resend once it is \
-                 done\n",
-                ids[1]
-            )
+        resend(1),
+        refused(
+            1,
+            "a row of it waits or is being delivered; resend once it is delivered".into()
         )
     );
     mark(OutboxStatus::Done).await.expect("done again");
     assert_eq!(
-        answer(resend(1)),
+        resend(1),
         (
             Some(0),
             format!(
@@ -851,41 +860,76 @@ async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: 
         )
     );
     assert_eq!(
-        answer(resend(2)),
-        (
-            Some(1),
+        resend(2),
+        refused(
+            2,
             format!(
-                "student {}: user {} is not in Users, but its inbox still answers the \
-                 create-user row's key with user {}: sent again, the row would link that user, \
-                 not create one; nothing changed\n",
-                ids[2],
-                link(2),
+                "Users' inbox still answers the key of row {} (user {}): that is no restore, and \
+                 sent again the row would be answered, not run",
+                rows_of(2)[0].id,
                 link(2)
             )
         )
     );
     assert_eq!(
-        answer(resend(3)),
-        (
-            Some(1),
+        resend(3),
+        refused(
+            3,
             format!(
-                "student {}: user {} in Users is at version 1, not behind version 1 that Users \
-                 had applied: Users lost nothing of it; nothing changed\n",
-                ids[3],
+                "user {} in Users is at version 1, not behind version 1 that Users had applied: \
+                 Users lost nothing of it",
                 link(3)
             )
         )
     );
+    assert_eq!(
+        resend(4),
+        refused(
+            4,
+            "the delivered rows of versions 2 are gone (purged), so nothing can change it again \
+             as it was"
+                .into()
+        )
+    );
+    // What the resends wrote, before any of it is sent: student 0 unlinked with both rows
+    // pending, student 1 recorded at its user's version with its last rename pending.
+    let student_db = stack.student_db.clone();
+    let student = |n: usize| {
+        let (id, db) = (Uuid::parse_str(&ids[n]).expect("uuid"), &student_db);
+        async move {
+            students::Entity::find_by_id(id)
+                .one(db)
+                .await
+                .expect("students")
+                .expect("the student")
+        }
+    };
+    let (zero, one) = (student(0).await, student(1).await);
+    assert_eq!(
+        (
+            zero.user_id,
+            zero.synced_version,
+            one.user_id,
+            one.synced_version
+        ),
+        (None, 0, Some(link(1)), 2)
+    );
+    let pending: Vec<i64> = stack
+        .outbox_rows()
+        .await
+        .into_iter()
+        .filter(|row| row.status == OutboxStatus::Pending)
+        .map(|row| row.id)
+        .collect();
+    assert_eq!(
+        pending,
+        [rows_of(0)[0].id, rows_of(0)[1].id, rows_of(1)[2].id]
+    );
 
-    stack.wait_until_all_linked(4).await;
-    stack.wait_until_all_synced(4).await;
-    let again: students::Model =
-        students::Entity::find_by_id(Uuid::parse_str(&ids[0]).expect("uuid"))
-            .one(&stack.student_db)
-            .await
-            .expect("students")
-            .expect("student 0");
-    let created_again = again.user_id.expect("linked again");
+    stack.start_relay(None, &[]);
+    stack.wait_until_all_linked(5).await;
+    stack.wait_until_all_synced(5).await;
+    let created_again = student(0).await.user_id.expect("linked again");
     assert_ne!(created_again, link(0), "a new user: the old one is gone");
     for (user_id, n, version) in [(created_again, 0, 2), (link(1), 1, 3)] {
         let user = users::Entity::find_by_id(user_id)
@@ -902,15 +946,8 @@ async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: 
             (ids[n].clone(), "Renamed", version)
         );
     }
-    // Only student 2, whose loss was no restore, is still named.
-    stack.assert_audit_finds(
-        4,
-        &[format!(
-            "student {}: linked to user {}, which Users does not have",
-            ids[2],
-            link(2)
-        )],
-    );
+    // Only the refused ones are still named.
+    stack.assert_audit_finds(5, &[lost(2), behind(4, 2)]);
 }
 
 async fn audit_reports_each_disagreement_between_the_databases(backend: Backend) {
