@@ -82,10 +82,11 @@ pub enum Command {
     /// line per problem, then `checked=N problems=N`; exit 0 clean, 1 on a problem, 2 on
     /// an error.
     Audit,
-    /// After the Users DB was restored from an older backup: send one student's delivered
+    /// After the Users DB was restored from an older backup: send a student's delivered
     /// rows again, with their keys, for what Users lost of it (its user, or the changes
-    /// after its user's version), as Users is asked first. Exit 0 when rows went back, 1
-    /// when there was nothing to resend or it was refused, 2 on an error.
+    /// after its user's version), as Users is asked first; or every linked student's. Exit
+    /// 0 when rows went back (--all: none was refused), 1 when there was nothing to resend
+    /// or it was refused, 2 on an error.
     Resend(ResendArgs),
     /// Put failed rows back to pending: rows that ran out of attempts with their key; rows
     /// Users rejected only with --new-key (a new operation). Before giving a new key, Users
@@ -124,10 +125,15 @@ pub struct RetryFailedRows {
 }
 
 #[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
 pub struct ResendArgs {
     /// The student whose delivered rows to send again.
     #[arg(long)]
-    pub student: Uuid,
+    pub student: Option<Uuid>,
+    /// Every linked student Users lost something of: one line per student resent or
+    /// refused, then `resent=N refused=N unchanged=N`.
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -179,7 +185,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Some(Command::Audit) => audit(&cli).await,
         Some(Command::Purge) => purge(&cli.database_url, cli.retain_done).await,
         Some(Command::RetryFailed(args)) => retry(&cli, args).await,
-        Some(Command::Resend(args)) => resend_student(&cli, args.student).await,
+        Some(Command::Resend(args)) => resend_lost(&cli, args.student).await,
     };
     result.unwrap_or_else(|err| fail(&err))
 }
@@ -299,11 +305,14 @@ async fn audit(cli: &Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(summary.exit_code()))
 }
 
-async fn resend_student(cli: &Cli, student: Uuid) -> anyhow::Result<ExitCode> {
+async fn resend_lost(cli: &Cli, student: Option<Uuid>) -> anyhow::Result<ExitCode> {
     let users = cli.users_client()?;
     let db = migrations::open_existing::<migrations::student::Migrator>(&cli.database_url).await?;
     let mut out = std::io::stdout().lock();
-    let code = resend::resend(&db, &users, student, &mut out).await?;
+    let code = match student {
+        Some(student) => resend::resend(&db, &users, student, &mut out).await?,
+        None => resend::resend_all(&db, &users, &mut out).await?.exit_code(),
+    };
     out.flush()?;
     Ok(ExitCode::from(code))
 }

@@ -30,6 +30,30 @@ use crate::{
     users_client::{UsersClient, unless_shed},
 };
 
+/// What a resend did for one student.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Resent,
+    /// Users lost nothing of it (or it is not linked).
+    NothingLost,
+    Refused,
+}
+
+/// Totals of `relay resend --all`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    pub resent: u64,
+    pub refused: u64,
+    pub unchanged: u64,
+}
+
+impl Summary {
+    /// 0 when no student was refused, 1 when some were (errors exit 2 before a summary).
+    pub fn exit_code(self) -> u8 {
+        u8::from(self.refused > 0)
+    }
+}
+
 /// Resends what Users lost of `student`, printing one line; returns the exit code: 0 when
 /// rows went back, 1 when there was nothing to resend or it was refused (the line says why).
 /// Users not answering is an error (the caller exits 2).
@@ -39,48 +63,117 @@ pub async fn resend(
     student: Uuid,
     out: &mut impl Write,
 ) -> anyhow::Result<u8> {
+    let (outcome, line) = judge_and_resend(db, users, student).await?;
+    writeln!(out, "{line}")?;
+    Ok(u8::from(outcome != Outcome::Resent))
+}
+
+/// Resends what Users lost of every linked student, in pages as `relay audit` reads them:
+/// one line per student resent or refused (none for the others), then
+/// `resent=N refused=N unchanged=N`.
+pub async fn resend_all(
+    db: &DatabaseConnection,
+    users: &UsersClient,
+    out: &mut impl Write,
+) -> anyhow::Result<Summary> {
+    let mut summary = Summary::default();
+    let mut after = None;
+    loop {
+        let page = student_store::audit::students_page(db, after, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for student in page.iter().filter(|student| student.user_id.is_some()) {
+            let (outcome, line) = judge_and_resend(db, users, student.id).await?;
+            match outcome {
+                Outcome::Resent => summary.resent += 1,
+                Outcome::Refused => summary.refused += 1,
+                Outcome::NothingLost => {
+                    summary.unchanged += 1;
+                    continue;
+                }
+            }
+            writeln!(out, "{line}")?;
+        }
+    }
+    writeln!(
+        out,
+        "resent={} refused={} unchanged={}",
+        summary.resent, summary.refused, summary.unchanged
+    )?;
+    Ok(summary)
+}
+
+/// Students read at a time by `--all`.
+const PAGE: u64 = 500;
+
+/// Judges what Users lost of `student` and sends it again: what came of it, and its line.
+async fn judge_and_resend(
+    db: &DatabaseConnection,
+    users: &UsersClient,
+    student: Uuid,
+) -> anyhow::Result<(Outcome, String)> {
     let (Some(link), Some(state)) = (
         students::linked_user(db, student).await?,
         state_now(db, student).await?,
     ) else {
-        writeln!(
-            out,
-            "student {student}: not a linked student; nothing Users could have lost"
-        )?;
-        return Ok(1);
+        return Ok((
+            Outcome::NothingLost,
+            format!("student {student}: not a linked student; nothing Users could have lost"),
+        ));
     };
     let synced = state.synced_version;
-    let judged = match what_users_lost(users, student, link, synced).await? {
-        Ok((lost, what)) => match rows_to_send(db, users, student, lost, synced).await? {
-            Ok(rows) => Ok((lost, what, rows)),
-            Err(refusal) => Err(refusal),
-        },
-        Err(refusal) => Err(refusal),
+    let refused = |why: &str| {
+        (
+            Outcome::Refused,
+            format!("student {student}: {why}; nothing changed"),
+        )
     };
-    let (lost, what, rows) = match judged {
-        Ok(judged) => judged,
-        Err(refusal) => {
-            writeln!(out, "student {student}: {refusal}; nothing changed")?;
-            return Ok(1);
+    let (lost, what) = match what_users_lost(users, student, link, synced).await? {
+        Judged::Lost(lost, what) => (lost, what),
+        Judged::NothingLost(why) => {
+            return Ok((
+                Outcome::NothingLost,
+                format!("student {student}: {why}; nothing changed"),
+            ));
         }
+        Judged::Refused(why) => return Ok(refused(&why)),
+    };
+    let rows = match rows_to_send(db, users, student, lost, synced).await? {
+        Ok(rows) => rows,
+        Err(why) => return Ok(refused(&why)),
     };
     let mut ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
     ids.sort_unstable();
-    let refusal = match resend::resend(db, student, (link, synced), lost, &ids).await? {
-        Resent::Requeued => {
-            let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
-            writeln!(
-                out,
-                "student {student}: {what}; requeued with their keys: rows {}",
-                ids.join(" ")
-            )?;
-            return Ok(0);
-        }
-        Resent::Busy => "a row of it waits or is being delivered; resend once it is delivered",
-        Resent::Changed => "it changed meanwhile (its link, its versions or its rows); look again",
-    };
-    writeln!(out, "student {student}: {refusal}; nothing changed")?;
-    Ok(1)
+    Ok(
+        match resend::resend(db, student, (link, synced), lost, &ids).await? {
+            Resent::Requeued => {
+                let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+                (
+                    Outcome::Resent,
+                    format!(
+                        "student {student}: {what}; requeued with their keys: rows {}",
+                        ids.join(" ")
+                    ),
+                )
+            }
+            Resent::Busy => {
+                refused("a row of it waits or is being delivered; resend once it is delivered")
+            }
+            Resent::Changed => {
+                refused("it changed meanwhile (its link, its versions or its rows); look again")
+            }
+        },
+    )
+}
+
+/// What Users says it lost of a student.
+enum Judged {
+    /// This, said so.
+    Lost(Lost, String),
+    /// Nothing, and why.
+    NothingLost(String),
+    /// Something a resend must not repair, and why.
+    Refused(String),
 }
 
 /// What Users lost of `student` (linked to `link`, `synced` the version Users had applied),
@@ -90,22 +183,22 @@ async fn what_users_lost(
     student: Uuid,
     link: Uuid,
     synced: i64,
-) -> anyhow::Result<Result<(Lost, String), String>> {
+) -> anyhow::Result<Judged> {
     let listed = unless_shed(|| users.list_users(student))
         .await
         .map_err(|status| asking(&format!("for student {student}'s users"), &status))?;
     if let Some(user) = listed.iter().find(|user| user.id == link.to_string()) {
         let version = i64::try_from(user.source_version).unwrap_or(i64::MAX);
         return Ok(if version < synced {
-            Ok((
+            Judged::Lost(
                 Lost::ChangesAfter(version),
                 format!(
                     "user {link} in Users is at version {version}, behind version {synced} that \
                      Users had applied"
                 ),
-            ))
+            )
         } else {
-            Err(format!(
+            Judged::NothingLost(format!(
                 "user {link} in Users is at version {version}, not behind version {synced} that \
                  Users had applied: Users lost nothing of it"
             ))
@@ -113,7 +206,7 @@ async fn what_users_lost(
     }
     if !listed.is_empty() {
         let ids: Vec<&str> = listed.iter().map(|user| user.id.as_str()).collect();
-        return Ok(Err(format!(
+        return Ok(Judged::Refused(format!(
             "Users holds other users of it ({}), not its linked user {link}: a resend would \
              create one more",
             ids.join(", ")
@@ -123,15 +216,15 @@ async fn what_users_lost(
         .await
         .map_err(|status| asking(&format!("about user {link}"), &status))?
     {
-        return Ok(Err(format!(
+        return Ok(Judged::Refused(format!(
             "its linked user {link} belongs to student {} in Users",
             user.student_id
         )));
     }
-    Ok(Ok((
+    Ok(Judged::Lost(
         Lost::User,
         format!("user {link} is not in Users: link cleared"),
-    )))
+    ))
 }
 
 /// The delivered rows of `student` that carry what Users lost, oldest first: one for every
