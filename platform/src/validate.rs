@@ -44,6 +44,57 @@ pub fn name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
     Ok(())
 }
 
+/// A name a person enters at the edge (Student's CreateStudent and UpdateStudent): a
+/// [`name`] with no invisible formatting character either, which would make two names
+/// that read the same differ, or turn how the text around a name is shown (a right-to-left
+/// override; Trojan Source's trick). The zero-width non-joiner and joiner stay: Persian
+/// and Indic names, among others, need them.
+///
+/// Users checks only [`name`]: it stores what Student sends it, and a student saved before
+/// this rule keeps its name there (its outbox rows and later changes carry it).
+pub fn student_name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
+    name(field, value)?;
+    if value.chars().any(is_invisible_format) {
+        return Err(FieldViolation::new(
+            field,
+            "must not contain invisible formatting characters (bidirectional overrides, \
+             zero-width spaces, tags)",
+        ));
+    }
+    Ok(())
+}
+
+/// Unicode's format characters (General_Category Cf, Unicode 15.1), but for the zero-width
+/// non-joiner and joiner (U+200C, U+200D). The category is small and changes little; it
+/// is listed here rather than brought in with a Unicode-tables crate.
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{AD}'
+            | '\u{600}'..='\u{605}'
+            | '\u{61C}'
+            | '\u{6DD}'
+            | '\u{70F}'
+            | '\u{890}'..='\u{891}'
+            | '\u{8E2}'
+            | '\u{180E}'
+            | '\u{200B}'
+            | '\u{200E}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0001}'
+            | '\u{E0020}'..='\u{E007F}'
+    )
+}
+
 /// An e-mail address: syntactically valid, with a dotted domain, at most 254 characters.
 pub fn email(field: &'static str, value: &str) -> Result<(), FieldViolation> {
     text(field, value, MAX_EMAIL_CHARS)?;
@@ -123,6 +174,42 @@ mod tests {
             Ok(_) => "ok".to_owned(),
             Err(violation) => violation.reason,
         }
+    }
+
+    #[test]
+    fn student_names_also_reject_invisible_formatting_but_keep_joiners() {
+        const INVISIBLE: &str = "must not contain invisible formatting characters (bidirectional overrides, \
+             zero-width spaces, tags)";
+        for bad in [
+            "Ana\u{202E}zeréP",
+            "An\u{200B}a",
+            "Ana\u{2066}",
+            "\u{FEFF}Ana",
+            "Ana\u{E0041}",
+            "So\u{AD}fía",
+            "Ana\u{200F}",
+        ] {
+            assert_eq!(
+                reason(student_name("first_name", bad)),
+                INVISIBLE,
+                "{bad:?}"
+            );
+            // Users' rule lets them through: it stores what Student sends.
+            assert_eq!(reason(name("first_name", bad)), "ok", "{bad:?}");
+        }
+        // Persian and Devanagari names written with a non-joiner and a joiner.
+        for good in [
+            "مهرداد\u{200C}الله",
+            "क्\u{200D}ष",
+            "José María",
+            "O'Brien-Núñez",
+        ] {
+            assert_eq!(reason(student_name("first_name", good)), "ok", "{good:?}");
+        }
+        assert_eq!(
+            reason(student_name("first_name", "A\u{1b}na")),
+            "must not contain control characters"
+        );
     }
 
     #[test]

@@ -23,8 +23,8 @@ impl TryFrom<CreateStudentRequest> for NewStudent {
     type Error = Error;
 
     fn try_from(request: CreateStudentRequest) -> Result<Self, Error> {
-        validate::name("first_name", &request.first_name)?;
-        validate::name("last_name", &request.last_name)?;
+        validate::student_name("first_name", &request.first_name)?;
+        validate::student_name("last_name", &request.last_name)?;
         validate::email("email", &request.email)?;
         validate::document_number("document_number", &request.document_number)?;
         if let Some(key) = &request.idempotency_key {
@@ -69,8 +69,8 @@ impl TryFrom<UpdateStudentRequest> for StudentChange {
 
     fn try_from(request: UpdateStudentRequest) -> Result<Self, Error> {
         let id = validate::uuid("id", &request.id)?;
-        validate::name("first_name", &request.first_name)?;
-        validate::name("last_name", &request.last_name)?;
+        validate::student_name("first_name", &request.first_name)?;
+        validate::student_name("last_name", &request.last_name)?;
         validate::email("email", &request.email)?;
         if let Some(key) = &request.idempotency_key {
             validate::idempotency_key("idempotency_key", key)?;

@@ -39,6 +39,7 @@ on_both_backends!(
     a_missing_student_fails_its_row_and_holds_back_no_one,
     a_change_of_a_student_linked_to_no_user_is_not_sent,
     a_change_for_a_user_users_lost_fails_at_once,
+    a_name_saved_before_students_stricter_rule_still_reaches_users,
     a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothing_changes,
     retry_failed_asks_again_when_users_sheds_its_question,
     undecodable_rows_fail_on_their_own_and_hold_back_no_one,
@@ -309,6 +310,50 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
         .expect("users")
         .expect("the student's user");
     assert_eq!((user.first_name.as_str(), user.source_version), ("Ana0", 1));
+}
+
+/// Student refuses invisible formatting characters in names (`validate::student_name`);
+/// Users does not, so a student saved before that rule (written here straight to the
+/// tables, as the older student-svc stored it) still gets its user, with the name as sent.
+async fn a_name_saved_before_students_stricter_rule_still_reaches_users(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_students(&app, 1).await.remove(0);
+    const OLDER: &str = "Ana\u{200b}María";
+    let row = only_row(&app).await;
+    let Ok(student_store::effect::Effect::CreateUser(mut payload)) =
+        student_store::effect::Effect::decode(&row.effect_type, &row.payload)
+    else {
+        panic!("a create-user row");
+    };
+    payload.first_name = OLDER.into();
+    outbox::Entity::update_many()
+        .col_expr(
+            outbox::Column::Payload,
+            Expr::value(student_store::effect::Effect::CreateUser(payload).payload()),
+        )
+        .filter(outbox::Column::Id.eq(row.id))
+        .exec(&app.student_db)
+        .await
+        .expect("the payload as the older service wrote it");
+    students::Entity::update_many()
+        .col_expr(students::Column::FirstName, Expr::value(OLDER))
+        .filter(students::Column::Id.eq(Uuid::parse_str(&id).expect("uuid")))
+        .exec(&app.student_db)
+        .await
+        .expect("the student as the older service saved it");
+
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
+    let user = users::Entity::find()
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("the student's user");
+    assert_eq!(user.first_name, OLDER);
 }
 
 /// Users lost the student's linked user (restored from an older backup, say): the change

@@ -247,6 +247,12 @@ async fn invalid_create_student_fields_are_named_and_nothing_is_stored(backend: 
             "invalid last_name: must not contain control characters",
         ),
         (
+            "last_name",
+            |r| r.last_name = "Pérez\u{202e}lived".into(),
+            "invalid last_name: must not contain invisible formatting characters \
+             (bidirectional overrides, zero-width spaces, tags)",
+        ),
+        (
             "email",
             |r| r.email = "ana.example.edu".into(),
             "invalid email: must be an e-mail address like name@example.org",
