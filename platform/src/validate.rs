@@ -45,16 +45,26 @@ pub fn name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
 }
 
 /// A name a person enters at the edge (Student's CreateStudent and UpdateStudent): a
-/// [`name`] with no invisible formatting character either, which would make two names
-/// that read the same differ, or turn how the text around a name is shown (a right-to-left
-/// override; Trojan Source's trick). The zero-width non-joiner and joiner stay: Persian
-/// and Indic names, among others, need them.
+/// [`name`] with no invisible character either, which would make two names that read the
+/// same differ, or turn how the text around a name is shown (a right-to-left override;
+/// Trojan Source's trick). The joiners some scripts need (the zero-width non-joiner and
+/// joiner in Persian and Indic names, the Mongolian vowel separator) stay, but only inside
+/// a word: between two characters that are neither spaces nor joiners themselves.
 ///
 /// Users checks only [`name`]: it stores what Student sends it, and a student saved before
 /// this rule keeps its name there (its outbox rows and later changes carry it).
 pub fn student_name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
     name(field, value)?;
-    if value.chars().any(is_invisible_format) {
+    let chars: Vec<char> = value.chars().collect();
+    let visible = |at: usize| {
+        chars
+            .get(at)
+            .is_some_and(|c| !c.is_whitespace() && !is_joiner(*c))
+    };
+    let inside_a_word = |at: usize| at > 0 && visible(at - 1) && visible(at + 1);
+    let hidden = (0..chars.len())
+        .any(|at| is_invisible(chars[at]) || (is_joiner(chars[at]) && !inside_a_word(at)));
+    if hidden {
         return Err(FieldViolation::new(
             field,
             "must not contain invisible formatting characters (bidirectional overrides, \
@@ -64,11 +74,21 @@ pub fn student_name(field: &'static str, value: &str) -> Result<(), FieldViolati
     Ok(())
 }
 
-/// Unicode's format characters (General_Category Cf, Unicode 15.1), but for the zero-width
-/// non-joiner and joiner (U+200C, U+200D). The category is small and changes little; it
-/// is listed here rather than brought in with a Unicode-tables crate.
-fn is_invisible_format(c: char) -> bool {
+/// The zero-width non-joiner and joiner and the Mongolian vowel separator: format
+/// characters that some scripts spell words with.
+fn is_joiner(c: char) -> bool {
+    matches!(c, '\u{200C}' | '\u{200D}' | '\u{180E}')
+}
+
+/// Unicode's format characters (General_Category Cf, Unicode 15.1) but the joiners, and
+/// the letters that show nothing: the Hangul fillers and the combining grapheme joiner.
+/// The set is small and changes little; it is listed here rather than brought in with a
+/// Unicode-tables crate.
+fn is_invisible(c: char) -> bool {
     matches!(
+        c,
+        '\u{34F}' | '\u{115F}' | '\u{1160}' | '\u{3164}' | '\u{FFA0}'
+    ) || matches!(
         c,
         '\u{AD}'
             | '\u{600}'..='\u{605}'
@@ -77,7 +97,6 @@ fn is_invisible_format(c: char) -> bool {
             | '\u{70F}'
             | '\u{890}'..='\u{891}'
             | '\u{8E2}'
-            | '\u{180E}'
             | '\u{200B}'
             | '\u{200E}'..='\u{200F}'
             | '\u{202A}'..='\u{202E}'
@@ -188,6 +207,14 @@ mod tests {
             "Ana\u{E0041}",
             "So\u{AD}fía",
             "Ana\u{200F}",
+            "\u{3164}",
+            "A\u{34F}na",
+            // Joiners outside a word: alone, at an end, beside a space or another joiner.
+            "\u{200C}",
+            "Ana\u{200D}",
+            "\u{200C}Ana",
+            "Ana \u{200D}Luz",
+            "Ana\u{200C}\u{200D}Luz",
         ] {
             assert_eq!(
                 reason(student_name("first_name", bad)),
@@ -201,6 +228,7 @@ mod tests {
         for good in [
             "مهرداد\u{200C}الله",
             "क्\u{200D}ष",
+            "ᠨᠠ\u{180E}ᠠ",
             "José María",
             "O'Brien-Núñez",
         ] {

@@ -23,8 +23,8 @@ impl TryFrom<CreateStudentRequest> for NewStudent {
     type Error = Error;
 
     fn try_from(request: CreateStudentRequest) -> Result<Self, Error> {
-        validate::student_name("first_name", &request.first_name)?;
-        validate::student_name("last_name", &request.last_name)?;
+        validate::name("first_name", &request.first_name)?;
+        validate::name("last_name", &request.last_name)?;
         validate::email("email", &request.email)?;
         validate::document_number("document_number", &request.document_number)?;
         if let Some(key) = &request.idempotency_key {
@@ -41,6 +41,14 @@ impl TryFrom<CreateStudentRequest> for NewStudent {
 }
 
 impl NewStudent {
+    /// Student's own rule for names ([`validate::student_name`]), newer than some stored
+    /// requests: checked once the request is known not to be a retry of one accepted
+    /// before the rule.
+    pub fn names_follow_students_rule(&self) -> Result<(), validate::FieldViolation> {
+        validate::student_name("first_name", &self.first_name)?;
+        validate::student_name("last_name", &self.last_name)
+    }
+
     /// Fingerprint of what was asked for (never the key), to tell a retry of this request
     /// from the same key reused for another one.
     pub fn request_hash(&self) -> String {
@@ -69,8 +77,8 @@ impl TryFrom<UpdateStudentRequest> for StudentChange {
 
     fn try_from(request: UpdateStudentRequest) -> Result<Self, Error> {
         let id = validate::uuid("id", &request.id)?;
-        validate::student_name("first_name", &request.first_name)?;
-        validate::student_name("last_name", &request.last_name)?;
+        validate::name("first_name", &request.first_name)?;
+        validate::name("last_name", &request.last_name)?;
         validate::email("email", &request.email)?;
         if let Some(key) = &request.idempotency_key {
             validate::idempotency_key("idempotency_key", key)?;
@@ -112,6 +120,21 @@ impl TryFrom<DeactivateStudentRequest> for StudentChange {
 }
 
 impl StudentChange {
+    /// As [`NewStudent::names_follow_students_rule`], for an update's names.
+    pub fn names_follow_students_rule(&self) -> Result<(), validate::FieldViolation> {
+        match &self.change {
+            Change::Update {
+                first_name,
+                last_name,
+                ..
+            } => {
+                validate::student_name("first_name", first_name)?;
+                validate::student_name("last_name", last_name)
+            }
+            Change::Deactivate => Ok(()),
+        }
+    }
+
     /// Fingerprint of what was asked for (never the key): a tag naming the RPC, then its
     /// fields, so a key reused across RPCs or with other fields is told from a retry.
     pub fn request_hash(&self) -> String {

@@ -36,6 +36,14 @@ pub async fn create_student(
     trace: TraceContext,
 ) -> Result<StudentView, Error> {
     let request_hash = new.request_hash();
+    // Names that break Student's rule may still be a retry of a request accepted before
+    // the rule: that one gets its student back, any other is refused.
+    if let Err(violation) = new.names_follow_students_rule() {
+        return match replay_client_key(db, &new, &request_hash).await? {
+            Some(view) => Ok(view),
+            None => Err(violation.into()),
+        };
+    }
     // Insert first, look the key up only when that fails: a retry or a reused key is a
     // unique violation (the student's key, the outbox row's key, or the document number,
     // taken by the retry's own student), and the first request pays no extra round trip.
@@ -128,6 +136,9 @@ pub async fn change_student(
     if let Some(view) = replay_change_key(db, &change, &request_hash).await? {
         return Ok(view);
     }
+    // Not a retry: Student's rule for names applies (a retry of a change accepted before
+    // the rule was answered just above).
+    change.names_follow_students_rule()?;
     let request = ChangeRequest {
         student_id: change.id,
         change: change.change.clone(),

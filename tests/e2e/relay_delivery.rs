@@ -10,7 +10,7 @@ use relay::{BatchOutcome, replay};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr,
 };
-use student_store::effect::CreateUserPayload;
+use student_store::effect::{CreateUserPayload, Effect};
 use student_store::entity::{
     outbox::{self, FailureKind, OutboxStatus},
     students,
@@ -314,29 +314,34 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
 
 /// Student refuses invisible formatting characters in names (`validate::student_name`);
 /// Users does not, so a student saved before that rule (written here straight to the
-/// tables, as the older student-svc stored it) still gets its user, with the name as sent.
+/// tables, as the older student-svc stored it) still gets its user, with the name as sent,
+/// and a change saved before it still reaches that user.
 async fn a_name_saved_before_students_stricter_rule_still_reaches_users(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
     let id = create_students(&app, 1).await.remove(0);
     const OLDER: &str = "Ana\u{200b}María";
-    let row = only_row(&app).await;
-    let Ok(student_store::effect::Effect::CreateUser(mut payload)) =
-        student_store::effect::Effect::decode(&row.effect_type, &row.payload)
-    else {
-        panic!("a create-user row");
+    // Written as the older student-svc wrote them: the student's name, and each row's.
+    let as_saved_before = |row: outbox::Model, rename: fn(&mut Effect)| {
+        let db = &app.student_db;
+        async move {
+            let mut effect = Effect::decode(&row.effect_type, &row.payload).expect("an effect");
+            rename(&mut effect);
+            outbox::Entity::update_many()
+                .col_expr(outbox::Column::Payload, Expr::value(effect.payload()))
+                .filter(outbox::Column::Id.eq(row.id))
+                .exec(db)
+                .await
+                .expect("the payload as the older service wrote it");
+        }
     };
-    payload.first_name = OLDER.into();
-    outbox::Entity::update_many()
-        .col_expr(
-            outbox::Column::Payload,
-            Expr::value(student_store::effect::Effect::CreateUser(payload).payload()),
-        )
-        .filter(outbox::Column::Id.eq(row.id))
-        .exec(&app.student_db)
-        .await
-        .expect("the payload as the older service wrote it");
+    as_saved_before(only_row(&app).await, |effect| {
+        if let Effect::CreateUser(payload) = effect {
+            payload.first_name = OLDER.into();
+        }
+    })
+    .await;
     students::Entity::update_many()
         .col_expr(students::Column::FirstName, Expr::value(OLDER))
         .filter(students::Column::Id.eq(Uuid::parse_str(&id).expect("uuid")))
@@ -354,6 +359,28 @@ async fn a_name_saved_before_students_stricter_rule_still_reaches_users(backend:
         .expect("users")
         .expect("the student's user");
     assert_eq!(user.first_name, OLDER);
+
+    // A change saved before the rule, carrying such a name, is applied too.
+    app.rename_student(&id).await;
+    as_saved_before(statuses(&app).await.remove(1), |effect| {
+        if let Effect::UpdateUser(payload) = effect {
+            payload.last_name = "Pérez\u{202e}".into();
+        }
+    })
+    .await;
+    assert_eq!(
+        app.relay().deliver_batch().await.expect("batch").delivered,
+        1
+    );
+    let user = users::Entity::find()
+        .one(&app.users_db)
+        .await
+        .expect("users")
+        .expect("the student's user");
+    assert_eq!(
+        (user.last_name.as_str(), user.source_version),
+        ("Pérez\u{202e}", 2)
+    );
 }
 
 /// Users lost the student's linked user (restored from an older backup, say): the change

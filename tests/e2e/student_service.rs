@@ -3,7 +3,7 @@
 use proto::student::v1::{
     CreateStudentRequest, GetStudentRequest, ListStudentsRequest, UserLinkStatus,
 };
-use sea_orm::{EntityTrait, QueryOrder};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr};
 use student_store::effect::{CREATE_USER, CreateUserPayload};
 use student_store::entity::{
     outbox::{self, OutboxStatus},
@@ -34,6 +34,7 @@ on_both_backends!(
     a_second_student_with_the_same_document_number_is_rejected,
     a_group_of_students_commits_together_or_each_on_its_own,
     invalid_create_student_fields_are_named_and_nothing_is_stored,
+    a_retry_of_a_create_accepted_before_the_names_rule_gets_its_student,
     get_student_returns_the_student_or_names_the_problem,
     list_students_pages_through_every_student_oldest_first,
     list_students_pages_default_to_50_and_hold_500_at_most,
@@ -222,6 +223,71 @@ async fn a_second_student_with_the_same_document_number_is_rejected(backend: Bac
     assert_eq!(
         status.message(),
         "a student with this document_number already exists"
+    );
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
+}
+
+/// A CreateStudent accepted before Student refused invisible formatting in names (saved
+/// here as the older student-svc saved it) gets its student back when retried with its
+/// key; the same names under another key are refused, and nothing is stored.
+async fn a_retry_of_a_create_accepted_before_the_names_rule_gets_its_student(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut student = app.student.clone();
+    let created = student
+        .create_student(keyed(1, "enrol-1"))
+        .await
+        .expect("created")
+        .into_inner();
+    let older = CreateStudentRequest {
+        first_name: "Ana\u{200B}Luz".into(),
+        ..keyed(1, "enrol-1")
+    };
+    let saved = student_svc::NewStudent {
+        first_name: older.first_name.clone(),
+        last_name: older.last_name.clone(),
+        email: older.email.clone(),
+        document_number: older.document_number.clone(),
+        client_key: older.idempotency_key.clone(),
+    };
+    students::Entity::update_many()
+        .col_expr(
+            students::Column::FirstName,
+            Expr::value(saved.first_name.clone()),
+        )
+        .col_expr(
+            students::Column::RequestHash,
+            Expr::value(saved.request_hash()),
+        )
+        .filter(students::Column::Id.eq(Uuid::parse_str(&created.id).expect("uuid")))
+        .exec(&app.student_db)
+        .await
+        .expect("the student as the older service saved it");
+
+    let again = student
+        .create_student(older.clone())
+        .await
+        .expect("the retry gets its student")
+        .into_inner();
+    assert_eq!(
+        (again.id.as_str(), again.first_name.as_str()),
+        (created.id.as_str(), "Ana\u{200B}Luz")
+    );
+    let status = student
+        .create_student(CreateStudentRequest {
+            idempotency_key: Some("enrol-2".into()),
+            ..older
+        })
+        .await
+        .expect_err("a new request");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "invalid first_name: must not contain invisible formatting characters \
+             (bidirectional overrides, zero-width spaces, tags)"
+        )
     );
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
 }
