@@ -79,11 +79,12 @@ pub async fn resend_all(
     let mut summary = Summary::default();
     let mut after = None;
     loop {
-        let page = student_store::audit::students_page(db, after, PAGE).await?;
+        // Linked students only: one resent (unlinked) lies behind the page, never ahead.
+        let page = student_store::audit::linked_students_page(db, after, PAGE).await?;
         let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        for student in page.iter().filter(|student| student.user_id.is_some()) {
-            let (outcome, line) = judge_and_resend(db, users, student.id).await?;
+        after = Some(*last);
+        for student in page {
+            let (outcome, line) = judge_and_resend(db, users, student).await?;
             match outcome {
                 Outcome::Resent => summary.resent += 1,
                 Outcome::Refused => summary.refused += 1,
@@ -102,6 +103,10 @@ pub async fn resend_all(
     )?;
     Ok(summary)
 }
+
+/// Why a student with a row waiting or in flight is not resent: sent before the rows going
+/// back, it would reach Users out of order.
+const BUSY: &str = "a row of it waits or is being delivered; resend once it is delivered";
 
 /// Students read at a time by `--all`.
 const PAGE: u64 = 500;
@@ -156,9 +161,7 @@ async fn judge_and_resend(
                     ),
                 )
             }
-            Resent::Busy => {
-                refused("a row of it waits or is being delivered; resend once it is delivered")
-            }
+            Resent::Busy => refused(BUSY),
             Resent::Changed => {
                 refused("it changed meanwhile (its link, its versions or its rows); look again")
             }
@@ -241,8 +244,14 @@ async fn rows_to_send(
         Lost::User => (1, "create the user again"),
         Lost::ChangesAfter(version) => (version + 1, "change it again"),
     };
-    let rows: Vec<outbox_row::Model> = rows_of_student(db, student)
-        .await?
+    let all = rows_of_student(db, student).await?;
+    if all
+        .iter()
+        .any(|row| matches!(row.status, OutboxStatus::Pending | OutboxStatus::Processing))
+    {
+        return Ok(Err(BUSY.to_owned()));
+    }
+    let rows: Vec<outbox_row::Model> = all
         .into_iter()
         .filter(|row| row.status == OutboxStatus::Done)
         .filter(|row| match lost {
@@ -252,14 +261,19 @@ async fn rows_to_send(
             }
         })
         .collect();
+    if lost == Lost::User && !rows.iter().any(|row| row.effect_type == CREATE_USER) {
+        return Ok(Err(
+            "no delivered create-user row is left (purged) to create the user again".to_owned(),
+        ));
+    }
     let missing: Vec<String> = (first..=synced)
         .filter(|version| !rows.iter().any(|row| row.aggregate_version == *version))
         .map(|version| version.to_string())
         .collect();
     if !missing.is_empty() {
         return Ok(Err(format!(
-            "the delivered rows of versions {} are gone (purged), so nothing can {what_for} \
-             as it was",
+            "no delivered row is left of versions {} (relay purge deletes them), so nothing \
+             can {what_for} as it was",
             missing.join(" ")
         )));
     }

@@ -101,6 +101,24 @@ pub async fn students_page(
         .collect())
 }
 
+/// The ids of the next `limit` linked students after `after` (by id).
+pub async fn linked_students_page(
+    db: &DatabaseConnection,
+    after: Option<Uuid>,
+    limit: u64,
+) -> Result<Vec<Uuid>, DbErr> {
+    let mut ids = students::Entity::find()
+        .select_only()
+        .column(students::Column::Id)
+        .filter(students::Column::UserId.is_not_null())
+        .order_by_asc(students::Column::Id)
+        .limit(limit);
+    if let Some(after) = after {
+        ids = ids.filter(students::Column::Id.gt(after));
+    }
+    ids.into_tuple().all(db).await
+}
+
 /// The student `id` as it is now, for a second look at a disagreement found in a page read
 /// earlier: a change committed since then may explain it.
 pub async fn state_now(db: &DatabaseConnection, id: Uuid) -> Result<Option<StudentState>, DbErr> {

@@ -638,13 +638,19 @@ pub async fn release(
 /// read with.
 ///
 /// In the same transaction the student's rows held back behind it have their keys dated
-/// now ([`date_held_back_keys_now`]).
+/// now ([`date_held_back_keys_now`]). The student row is locked first, as every writer
+/// of a student's rows does, so that `relay resend`, which puts a student's delivered
+/// rows back under that lock, never sees this row `failed` while it becomes sendable.
 pub async fn redrive(
     db: &DatabaseConnection,
     row: &outbox::Model,
     key: &str,
 ) -> Result<bool, DbErr> {
     let txn = begin_write(db).await?;
+    students::Entity::find_by_id(row.aggregate_id)
+        .lock_exclusive()
+        .one(&txn)
+        .await?;
     let redriven = outbox::Entity::update_many()
         .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
         .col_expr(outbox::Column::IdempotencyKey, Expr::value(key.to_owned()))

@@ -826,13 +826,14 @@ async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: 
         rows_of(2)[0].id,
         link(2)
     );
-    let purged = "the delivered rows of versions 2 are gone (purged), so nothing can change it again as it \
-         was";
-    // Student 1 with a row in flight (marked so by hand here) is refused for now.
+    let purged = "no delivered row is left of versions 2 (relay purge deletes them), so nothing \
+                  can change it again as it was";
+    // Student 1 with its last rename in flight (marked so by hand here: a relay's claim
+    // that has not ended) is refused for now.
     let mark = |status: OutboxStatus| {
         outbox::Entity::update_many()
             .col_expr(outbox::Column::Status, Expr::value(status))
-            .filter(outbox::Column::Id.eq(rows_of(1)[0].id))
+            .filter(outbox::Column::Id.eq(rows_of(1)[2].id))
             .exec(&stack.student_db)
     };
     mark(OutboxStatus::Processing).await.expect("in flight");
@@ -907,16 +908,39 @@ async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: 
         ),
         (None, 0, Some(link(1)), 2)
     );
-    let pending: Vec<i64> = stack
+    let pending: Vec<outbox::Model> = stack
         .outbox_rows()
         .await
         .into_iter()
         .filter(|row| row.status == OutboxStatus::Pending)
-        .map(|row| row.id)
         .collect();
+    let sent_before = [rows_of(0)[0], rows_of(0)[1], rows_of(1)[2]];
     assert_eq!(
-        pending,
-        [rows_of(0)[0].id, rows_of(0)[1].id, rows_of(1)[2].id]
+        pending.iter().map(|row| row.id).collect::<Vec<_>>(),
+        sent_before.iter().map(|row| row.id).collect::<Vec<_>>()
+    );
+    for (row, before) in pending.iter().zip(sent_before) {
+        // The same key, dated now: younger than the delivery that made the row done.
+        assert_eq!(row.idempotency_key, before.idempotency_key);
+        let done_at = before.processed_at.expect("delivered");
+        assert!(row.key_created_at.is_some_and(|at| at > done_at), "{row:?}");
+    }
+    // A second --all finds nothing more to send: student 0 is unlinked, 1 is recorded at
+    // its user's version.
+    let again = stack.relay_command(&["resend", "--all"]);
+    assert_eq!(
+        (
+            again.status.code(),
+            String::from_utf8_lossy(&again.stdout).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "{}{}resent=0 refused=2 unchanged=2\n",
+                refused(2, &in_inbox),
+                refused(4, purged)
+            )
+        )
     );
 
     stack.start_relay(None, &[]);
