@@ -651,8 +651,7 @@ pub async fn redrive(
         .lock_exclusive()
         .one(&txn)
         .await?;
-    let redriven = outbox::Entity::update_many()
-        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
+    let redriven = back_to_pending(outbox::Entity::update_many(), db.get_database_backend())
         .col_expr(outbox::Column::IdempotencyKey, Expr::value(key.to_owned()))
         .col_expr(
             outbox::Column::KeyCreatedAt,
@@ -661,19 +660,6 @@ pub async fn redrive(
             } else {
                 Expr::value(Some(now()))
             },
-        )
-        .col_expr(outbox::Column::Attempts, Expr::value(0))
-        .col_expr(
-            outbox::Column::AvailableAt,
-            shared_now(db.get_database_backend()),
-        )
-        .col_expr(
-            outbox::Column::FailureKind,
-            Expr::value(Option::<FailureKind>::None),
-        )
-        .col_expr(
-            outbox::Column::ProcessedAt,
-            Expr::value(Option::<DateTime<Utc>>::None),
         )
         .filter(outbox::Column::Id.eq(row.id))
         .filter(outbox::Column::Status.eq(OutboxStatus::Failed))
@@ -760,6 +746,26 @@ fn held_by_claim(
         .filter(outbox::Column::LockedBy.eq(relay_id))
         .filter(outbox::Column::Attempts.eq(row.attempts))
         .filter(outbox::Column::IdempotencyKey.eq(row.idempotency_key.as_str()))
+}
+
+/// Sets an update's rows `pending` again as an operator's redrive does: due now, with no
+/// attempt counted, no failure and no finish time.
+pub(crate) fn back_to_pending(
+    update: UpdateMany<outbox::Entity>,
+    backend: DbBackend,
+) -> UpdateMany<outbox::Entity> {
+    update
+        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
+        .col_expr(outbox::Column::Attempts, Expr::value(0))
+        .col_expr(outbox::Column::AvailableAt, shared_now(backend))
+        .col_expr(
+            outbox::Column::FailureKind,
+            Expr::value(Option::<FailureKind>::None),
+        )
+        .col_expr(
+            outbox::Column::ProcessedAt,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
 }
 
 /// Adds "no relay holds this row" (`locked_by`, `locked_until` cleared) to an update.

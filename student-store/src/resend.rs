@@ -5,7 +5,7 @@
 //! with it) no longer holds them, so each runs again, once. They are dated now, so that
 //! Users' horizon guard does not take an old key it no longer holds for one it purged.
 
-use platform::db::{begin_write, now, shared_now};
+use platform::db::{begin_write, now};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
     sea_query::Expr,
@@ -15,9 +15,10 @@ use uuid::Uuid;
 use crate::{
     effect::CREATE_USER,
     entity::{
-        outbox::{self, FailureKind, OutboxStatus},
+        outbox::{self, OutboxStatus},
         students,
     },
+    outbox::back_to_pending,
 };
 
 /// What Users lost of one student.
@@ -101,25 +102,11 @@ pub async fn resend(
     if found != ids {
         return Ok(Resent::Changed);
     }
-    let requeued = outbox::Entity::update_many()
-        .col_expr(outbox::Column::Status, Expr::value(OutboxStatus::Pending))
+    let requeued = back_to_pending(outbox::Entity::update_many(), db.get_database_backend())
         .col_expr(outbox::Column::KeyCreatedAt, Expr::value(Some(now())))
-        .col_expr(outbox::Column::Attempts, Expr::value(0))
-        .col_expr(
-            outbox::Column::AvailableAt,
-            shared_now(db.get_database_backend()),
-        )
         .col_expr(
             outbox::Column::DeliveredUserId,
             Expr::value(Option::<String>::None),
-        )
-        .col_expr(
-            outbox::Column::ProcessedAt,
-            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
-        )
-        .col_expr(
-            outbox::Column::FailureKind,
-            Expr::value(Option::<FailureKind>::None),
         )
         .filter(outbox::Column::Id.is_in(ids.iter().copied()))
         .filter(outbox::Column::Status.eq(OutboxStatus::Done))
