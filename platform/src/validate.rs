@@ -49,7 +49,9 @@ pub fn name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
 /// same differ, or turn how the text around a name is shown (a right-to-left override;
 /// Trojan Source's trick). The joiners some scripts need (the zero-width non-joiner and
 /// joiner in Persian and Indic names, the Mongolian vowel separator) stay, but only inside
-/// a word: between two characters that are neither spaces nor joiners themselves.
+/// a word: between two characters that are neither spaces nor joiners themselves. Which
+/// scripts need them is not judged (no table of scripts is kept), so one between two Latin
+/// letters passes; nor are variation selectors refused (emoji need them).
 ///
 /// Users checks only [`name`]: it stores what Student sends it, and a student saved before
 /// this rule keeps its name there (its outbox rows and later changes carry it).

@@ -638,9 +638,10 @@ pub async fn release(
 /// read with.
 ///
 /// In the same transaction the student's rows held back behind it have their keys dated
-/// now ([`date_held_back_keys_now`]). The student row is locked first, as every writer
-/// of a student's rows does, so that `relay resend`, which puts a student's delivered
-/// rows back under that lock, never sees this row `failed` while it becomes sendable.
+/// now ([`date_held_back_keys_now`]). The student row is locked first, as a student's
+/// changes lock it before they add a row, so that `relay resend`, which puts a student's
+/// delivered rows back under that lock, never sees this row `failed` while it becomes
+/// sendable.
 pub async fn redrive(
     db: &DatabaseConnection,
     row: &outbox::Model,
