@@ -49,9 +49,10 @@ pub fn name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
 /// same differ, or turn how the text around a name is shown (a right-to-left override;
 /// Trojan Source's trick). The joiners some scripts need (the zero-width non-joiner and
 /// joiner in Persian and Indic names, the Mongolian vowel separator) stay, but only inside
-/// a word: between two characters that are neither spaces nor joiners themselves. Which
-/// scripts need them is not judged (no table of scripts is kept), so one between two Latin
-/// letters passes; nor are variation selectors refused (emoji need them).
+/// a word: between two characters that are neither spaces nor joiners themselves, nor both
+/// ASCII. Which scripts need them is not judged further (no table of scripts is kept), so
+/// one between two accented Latin letters passes; nor are variation selectors refused
+/// (emoji need them).
 ///
 /// Users checks only [`name`]: it stores what Student sends it, and a student saved before
 /// this rule keeps its name there (its outbox rows and later changes carry it).
@@ -63,7 +64,10 @@ pub fn student_name(field: &'static str, value: &str) -> Result<(), FieldViolati
             .get(at)
             .is_some_and(|c| !c.is_whitespace() && !is_joiner(*c))
     };
-    let inside_a_word = |at: usize| at > 0 && visible(at - 1) && visible(at + 1);
+    // ASCII on both sides needs no joiner: it would only hide in a name that reads alike.
+    let ascii_around = |at: usize| chars[at - 1].is_ascii() && chars[at + 1].is_ascii();
+    let inside_a_word =
+        |at: usize| at > 0 && visible(at - 1) && visible(at + 1) && !ascii_around(at);
     let hidden = (0..chars.len())
         .any(|at| is_invisible(chars[at]) || (is_joiner(chars[at]) && !inside_a_word(at)));
     if hidden {
@@ -217,6 +221,8 @@ mod tests {
             "\u{200C}Ana",
             "Ana \u{200D}Luz",
             "Ana\u{200C}\u{200D}Luz",
+            "A\u{200C}na",
+            "Ana\u{200D}-Luz",
         ] {
             assert_eq!(
                 reason(student_name("first_name", bad)),
@@ -233,6 +239,7 @@ mod tests {
             "ᠨᠠ\u{180E}ᠠ",
             "José María",
             "O'Brien-Núñez",
+            "Ana 👩\u{200D}💻",
         ] {
             assert_eq!(reason(student_name("first_name", good)), "ok", "{good:?}");
         }
