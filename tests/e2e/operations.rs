@@ -27,7 +27,8 @@ use crate::{
         Backend, conflicting_user_request, eventually, insert_unlinked_students,
         insert_users_of_no_student,
         invariants::{
-            assert_each_student_linked_exactly_once, students_and_outbox_rows, users_and_inbox_rows,
+            assert_each_student_linked_exactly_once, stored_user, students_and_outbox_rows,
+            users_and_inbox_rows,
         },
         metrics::{
             alert_test_series, exported_names, gauge, has_label_value, label_names,
@@ -703,11 +704,7 @@ async fn a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_th
         .await
         .expect("the orphan disabled");
     stack.assert_audit_clean(3);
-    let user = users::Entity::find_by_id(link(&ids[0]))
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("student 0's user");
+    let user = stored_user(&stack.users_db, link(&ids[0])).await;
     assert_eq!(
         (user.first_name.as_str(), user.source_version),
         ("Final", 3)
@@ -949,11 +946,7 @@ async fn after_a_users_db_restore_resend_gives_users_back_what_it_lost(backend: 
     let created_again = student(0).await.user_id.expect("linked again");
     assert_ne!(created_again, link(0), "a new user: the old one is gone");
     for (user_id, n, version) in [(created_again, 0, 2), (link(1), 1, 3)] {
-        let user = users::Entity::find_by_id(user_id)
-            .one(&stack.users_db)
-            .await
-            .expect("users")
-            .expect("the student's user");
+        let user = stored_user(&stack.users_db, user_id).await;
         assert_eq!(
             (
                 user.student_id.to_string(),
@@ -1035,11 +1028,8 @@ async fn audit_reports_each_disagreement_between_the_databases(backend: Backend)
         .expect("a user of no student")
         .into_inner()
         .user_id;
-    let orphans_student = users::Entity::find_by_id(Uuid::parse_str(&orphan).expect("uuid"))
-        .one(&stack.users_db)
+    let orphans_student = stored_user(&stack.users_db, Uuid::parse_str(&orphan).expect("uuid"))
         .await
-        .expect("users")
-        .expect("the orphan")
         .student_id;
     insert_users_of_no_student(&stack.users_db, (1..=600).map(Uuid::from_u128), false).await;
 

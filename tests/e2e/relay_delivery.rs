@@ -25,7 +25,7 @@ use crate::{
     support::{
         Backend, TestApp,
         invariants::{
-            assert_each_student_linked_exactly_once, assert_linked_at_first_attempt,
+            assert_each_student_linked_exactly_once, assert_linked_at_first_attempt, stored_user,
             users_and_inbox_rows,
         },
         scripted_users::{Script, scripted_users},
@@ -470,11 +470,7 @@ async fn a_change_for_a_user_users_lost_fails_at_once(backend: Backend) {
         app.relay().deliver_batch().await.expect("batch").delivered,
         1
     );
-    let renamed = users::Entity::find_by_id(lost)
-        .one(&app.users_db)
-        .await
-        .expect("users")
-        .expect("the restored user");
+    let renamed = stored_user(&app.users_db, lost).await;
     assert_eq!(
         (renamed.first_name.as_str(), renamed.source_version),
         ("Renamed", 2)
