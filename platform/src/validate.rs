@@ -32,6 +32,26 @@ pub const MAX_DOCUMENT_NUMBER_CHARS: usize = 32;
 /// The longest accepted idempotency key, in characters.
 pub const MAX_KEY_CHARS: usize = 128;
 
+/// Items per page of a List RPC when the caller asks for none, and the most served.
+pub const DEFAULT_PAGE_SIZE: u64 = 50;
+pub const MAX_PAGE_SIZE: u64 = 500;
+
+/// Where a page of a List RPC starts and how many items it holds: `page_token` is the id
+/// of the previous page's last item (empty: the first page); `page_size` 0 asks for the
+/// default, more than the most gets the most, and a negative one is refused.
+pub fn page(page_size: i32, page_token: &str) -> Result<(Option<Uuid>, u64), FieldViolation> {
+    let limit = match u64::try_from(page_size) {
+        Ok(0) => DEFAULT_PAGE_SIZE,
+        Ok(size) => size.min(MAX_PAGE_SIZE),
+        Err(_) => return Err(FieldViolation::new("page_size", "must not be negative")),
+    };
+    let after = match page_token {
+        "" => None,
+        token => Some(uuid("page_token", token)?),
+    };
+    Ok((after, limit))
+}
+
 /// A first or last name: 1–100 characters, no control characters (C0 or C1).
 pub fn name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
     text(field, value, MAX_NAME_CHARS)?;

@@ -30,11 +30,6 @@ fn traced<T>(request: &Request<T>) -> TraceContext {
     TraceContext::continue_in_current_span(request.metadata())
 }
 
-/// Page size when the caller asks for none.
-const DEFAULT_PAGE_SIZE: u64 = 50;
-/// The largest page served, whatever the caller asks for.
-const MAX_PAGE_SIZE: u64 = 500;
-
 /// Implements `student.v1.StudentService` over the Student DB.
 pub struct StudentApi {
     db: DatabaseConnection,
@@ -117,22 +112,9 @@ impl StudentService for StudentApi {
         request: Request<ListStudentsRequest>,
     ) -> Result<Response<ListStudentsResponse>, Status> {
         let request = request.into_inner();
-        let limit = match u64::try_from(request.page_size) {
-            Ok(0) => DEFAULT_PAGE_SIZE,
-            Ok(size) => size.min(MAX_PAGE_SIZE),
-            Err(_) => {
-                return Err(Error::from(validate::FieldViolation::new(
-                    "page_size",
-                    "must not be negative",
-                ))
-                .into());
-            }
-        };
         // The token is the id of the last student of the previous page.
-        let after = match request.page_token.as_str() {
-            "" => None,
-            token => Some(validate::uuid("page_token", token).map_err(Error::from)?),
-        };
+        let (after, limit) =
+            validate::page(request.page_size, &request.page_token).map_err(Error::from)?;
         let page = students::list_students(&self.db, after, limit).await?;
         Ok(Response::new(ListStudentsResponse {
             students: page.students.into_iter().map(encode).collect(),

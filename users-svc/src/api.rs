@@ -269,7 +269,7 @@ impl UsersService for UsersApi {
     ) -> Result<Response<ListUsersResponse>, Status> {
         traced(&request);
         let request = request.into_inner();
-        let (after, limit) = page_request(request.page_size, &request.page_token)
+        let (after, limit) = validate::page(request.page_size, &request.page_token)
             .map_err(metrics::invalid)
             .map_err(Error::from)?;
         if request.student_id.is_empty() {
@@ -299,33 +299,6 @@ impl UsersService for UsersApi {
             next_page_token: String::new(),
         }))
     }
-}
-
-/// Users per page of ListUsers when the request names no size, and at most.
-const DEFAULT_PAGE_SIZE: u64 = 50;
-const MAX_PAGE_SIZE: u64 = 500;
-
-/// Where a page of every user starts (the token is the last id of the previous page), and
-/// how many it holds.
-fn page_request(
-    page_size: i32,
-    page_token: &str,
-) -> Result<(Option<Uuid>, u64), validate::FieldViolation> {
-    let limit = match u64::try_from(page_size) {
-        Ok(0) => DEFAULT_PAGE_SIZE,
-        Ok(size) => size.min(MAX_PAGE_SIZE),
-        Err(_) => {
-            return Err(validate::FieldViolation::new(
-                "page_size",
-                "must not be negative",
-            ));
-        }
-    };
-    let after = match page_token {
-        "" => None,
-        token => Some(validate::uuid("page_token", token)?),
-    };
-    Ok((after, limit))
 }
 
 /// A stored user as the API returns it.
