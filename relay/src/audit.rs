@@ -39,7 +39,7 @@ use sea_orm::DatabaseConnection;
 use student_store::audit::{self, AuditedStudent, StudentState};
 use uuid::Uuid;
 
-use crate::users_client::{UsersClient, unless_shed};
+use crate::users_client::{UsersClient, cannot_ask, unless_shed};
 
 /// Students read from the Student DB at a time.
 const PAGE: u64 = 500;
@@ -105,13 +105,7 @@ pub async fn audit(
     loop {
         let (page, next) = unless_shed(|| users.users_page(page_token.clone(), USERS_PAGE))
             .await
-            .map_err(|status| {
-                anyhow::anyhow!(
-                    "cannot ask Users for its users: {}: {}",
-                    platform::status::code_name(status.code()),
-                    status.message()
-                )
-            })?;
+            .map_err(|status| anyhow::anyhow!(cannot_ask("for its users", &status)))?;
         for line in users_without_student(db, &page).await? {
             problem(line, out)?;
         }
@@ -199,13 +193,7 @@ async fn held_for_linked_students(
 /// What Users holds for `student`, linked to `link`.
 async fn held_for(users: &UsersClient, student: Uuid, link: Uuid) -> anyhow::Result<Held> {
     let asking = |what: String| {
-        move |status: tonic::Status| {
-            anyhow::anyhow!(
-                "cannot ask Users about {what}: {}: {}",
-                platform::status::code_name(status.code()),
-                status.message()
-            )
-        }
+        move |status: tonic::Status| anyhow::anyhow!(cannot_ask(&format!("about {what}"), &status))
     };
     let listed = unless_shed(|| users.list_users(student))
         .await

@@ -23,11 +23,9 @@ use student_store::{
 };
 use uuid::Uuid;
 
-use platform::status::code_name;
-
 use crate::{
     retry_failed::{OldKey, ask_about_old_key},
-    users_client::{UsersClient, unless_shed},
+    users_client::{UsersClient, cannot_ask, unless_shed},
 };
 
 /// What a resend did for one student.
@@ -295,9 +293,5 @@ async fn rows_to_send(
 }
 
 fn asking(what: &str, status: &tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!(
-        "cannot ask Users {what}: {}: {}",
-        code_name(status.code()),
-        status.message()
-    )
+    anyhow::anyhow!(cannot_ask(what, status))
 }

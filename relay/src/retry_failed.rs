@@ -40,11 +40,9 @@ use tonic::Code;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use platform::status::code_name;
-
 use crate::{
     classify::{DELIVERY_EXPIRED, USER_NOT_FOUND},
-    users_client::{Key, UsersClient, row_trace, unless_shed, was_replayed},
+    users_client::{Key, UsersClient, cannot_ask, row_trace, unless_shed, was_replayed},
 };
 
 /// Which failed rows to redrive.
@@ -308,11 +306,7 @@ pub async fn link_user(
         Some(answered)
     } else {
         match unless_shed(|| users.get_user(user_id)).await {
-            Err(status) => Some(format!(
-                "cannot ask Users about user={user_id}: {}: {}",
-                code_name(status.code()),
-                status.message()
-            )),
+            Err(status) => Some(cannot_ask(&format!("about user={user_id}"), &status)),
             Ok(None) => Some(format!("Users has no user {user_id}")),
             Ok(Some(user)) if user.student_id != student => Some(format!(
                 "user={user_id} belongs to student {}, not {student}",
@@ -415,11 +409,9 @@ async fn users_of_student(
     let found = unless_shed(|| users.list_users(row.aggregate_id))
         .await
         .map_err(|status| {
-            format!(
-                "cannot ask Users for student {}'s users: {}: {}",
-                row.aggregate_id,
-                code_name(status.code()),
-                status.message()
+            cannot_ask(
+                &format!("for student {}'s users", row.aggregate_id),
+                &status,
             )
         })?;
     found
@@ -513,10 +505,6 @@ pub(crate) async fn ask_about_old_key(
         }
         // The key's saved answer is a rejection: nothing was created under it.
         Err(status) if was_replayed(&status) => Ok(OldKey::NothingKnown),
-        Err(status) => Err(format!(
-            "cannot ask Users about the old key: {}: {}",
-            code_name(status.code()),
-            status.message()
-        )),
+        Err(status) => Err(cannot_ask("about the old key", &status)),
     }
 }

@@ -32,6 +32,16 @@ pub struct UsersClient {
 }
 
 /// An outbox row's idempotency key as sent to Users, with when it was issued (metadata
+/// How every operator command says Users did not answer a question: `cannot ask Users
+/// {what}: CODE: message` (`what` as "about user U", "for student S's users").
+pub fn cannot_ask(what: &str, status: &Status) -> String {
+    format!(
+        "cannot ask Users {what}: {}: {}",
+        platform::status::code_name(status.code()),
+        status.message()
+    )
+}
+
 /// `idempotency-key-created-at`: Users refuses a key older than its inbox keeps keys rather
 /// than risk executing it twice).
 /// The call also carries the relay's hop of the row's trace (`traceparent`).
