@@ -78,6 +78,10 @@ pub fn name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
 /// this rule keeps its name there (its outbox rows and later changes carry it).
 pub fn student_name(field: &'static str, value: &str) -> Result<(), FieldViolation> {
     name(field, value)?;
+    // No format character, joiner or filler is ASCII: most names need no more look.
+    if value.is_ascii() {
+        return Ok(());
+    }
     let chars: Vec<char> = value.chars().collect();
     let visible = |at: usize| {
         chars
