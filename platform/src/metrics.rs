@@ -34,6 +34,7 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 pub const GRPC_HANDLED: &str = "grpc_server_handled_total";
 pub const GRPC_HANDLING_SECONDS: &str = "grpc_server_handling_seconds";
+pub const LOG_LINES_DROPPED: &str = "log_lines_dropped_total";
 
 /// Installs the Prometheus recorder for this process and serves `GET /metrics` on `addr`
 /// (port 0 picks a free one) until `shutdown`. Logs `metrics_addr=ADDR` once listening.
@@ -58,7 +59,11 @@ pub async fn serve(
         "/metrics",
         axum::routing::get(move || {
             let render = render.clone();
-            async move { render.render() }
+            async move {
+                // The log writer counts for itself; its count is read at each scrape.
+                metrics::counter!(LOG_LINES_DROPPED).absolute(crate::telemetry::dropped_lines());
+                render.render()
+            }
         }),
     );
     tokio::spawn(upkeep(handle, shutdown.clone()));
@@ -101,6 +106,10 @@ fn describe_metrics() {
         GRPC_HANDLING_SECONDS,
         metrics::Unit::Seconds,
         "Time from a call's arrival to its status"
+    );
+    metrics::describe_counter!(
+        LOG_LINES_DROPPED,
+        "Log lines dropped because stderr's reader did not keep up (the writer's queue was full)"
     );
     metrics::describe_counter!(
         crate::db::SQLITE_WRITE_LOCK_WAITS,

@@ -5,8 +5,16 @@
 //! Work on one student runs inside a span with a `trace_id` field (see `trace.rs`). In text
 //! each line shows its spans' fields (`CreateStudent{trace_id=…}: …`); in JSON each line
 //! carries `trace_id` as a top-level field, so `grep <trace_id>` finds the journey either way.
+//!
+//! Lines are written by a thread of their own, never by the code that logs. A write to
+//! stderr blocks while its reader is not reading (a full pipe: a stalled log shipper, a
+//! paused terminal), and every service runs its calls on one thread, so a blocking write
+//! would stop every call. Here the lines wait in a bounded queue instead; when it is full
+//! new lines are dropped and counted (`log_lines_dropped_total`), and the service goes on
+//! answering. What is still queued is written when the process ends normally; a crash
+//! (SIGKILL, an abort) loses the lines not yet written, a few milliseconds' worth.
 
-use std::{fmt, io::IsTerminal as _};
+use std::{fmt, io::IsTerminal as _, sync::OnceLock};
 
 use serde_json::{Map, Value};
 use tracing::{
@@ -14,6 +22,7 @@ use tracing::{
     field::{Field, Visit},
     span,
 };
+use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::{
     EnvFilter, Layer,
     fmt::{FmtContext, FormatEvent, FormatFields, format::Writer},
@@ -40,27 +49,53 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber; call once, first thing in `main` after parsing flags.
-pub fn init(format: LogFormat) {
+/// How many lines may wait for the writer before new ones are dropped: a few megabytes
+/// at most, seconds of a busy service's lines at `info`.
+const QUEUED_LINES: usize = 10_000;
+
+/// The log writer's count of dropped lines, once [`init`] has run.
+static DROPPED_LINES: OnceLock<ErrorCounter> = OnceLock::new();
+
+/// The thread that writes the log. Keep it for as long as the process logs: dropping it
+/// writes out the queued lines (waiting at most about a second for a stalled reader) and
+/// stops the thread.
+#[must_use = "dropping it stops the log writer"]
+pub struct LogWriter {
+    _worker: WorkerGuard,
+}
+
+/// Installs the global subscriber; call once, first thing in `main` after parsing flags,
+/// and keep what it returns until `main` ends.
+pub fn init(format: LogFormat) -> LogWriter {
+    let (writer, worker) = NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(QUEUED_LINES)
+        .thread_name("log-writer")
+        .finish(std::io::stderr());
+    let _ = DROPPED_LINES.set(writer.error_counter());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
-    match format {
-        LogFormat::Text => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_writer(std::io::stderr)
-                    .with_ansi(std::io::stderr().is_terminal()),
-            )
-            .init(),
-        LogFormat::Json => registry
-            .with(TraceIdLayer)
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_writer(std::io::stderr)
-                    .event_format(JsonLines),
-            )
-            .init(),
-    }
+    let lines = tracing_subscriber::fmt::layer().with_writer(writer);
+    let (lines, trace_ids) = match format {
+        LogFormat::Text => (
+            lines.with_ansi(std::io::stderr().is_terminal()).boxed(),
+            None,
+        ),
+        LogFormat::Json => (lines.event_format(JsonLines).boxed(), Some(TraceIdLayer)),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(trace_ids)
+        .with(lines)
+        .init();
+    LogWriter { _worker: worker }
+}
+
+/// Log lines dropped so far because the writer's queue was full (its reader was not
+/// reading); 0 before [`init`].
+pub fn dropped_lines() -> u64 {
+    DROPPED_LINES
+        .get()
+        .map_or(0, |counter| counter.dropped_lines() as u64)
 }
 
 /// The `trace_id` of a span, kept where [`JsonLines`] finds it.

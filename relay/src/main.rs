@@ -11,6 +11,6 @@ use clap::Parser as _;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = relay::cli::Cli::parse();
-    platform::telemetry::init(cli.log_format);
+    let _log = platform::telemetry::init(cli.log_format);
     relay::cli::execute(cli).await
 }

@@ -10,7 +10,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    platform::telemetry::init(config.log_format);
+    let _log = platform::telemetry::init(config.log_format);
     let options = config.server_options()?;
     let link = config.link()?;
     let shutdown = platform::shutdown::on_signal()?;

@@ -42,6 +42,7 @@ on_both_backends!(
     a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt,
     every_binary_runs_on_one_thread,
     rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_line,
+    a_log_reader_that_stops_reading_stops_no_service,
     waiting_create_user_rows_go_to_users_many_to_a_call,
     a_relay_whose_wake_ups_fail_gets_them_back_and_claims_what_it_missed,
 );
@@ -272,8 +273,9 @@ async fn three_binaries_link_every_student_and_replay_creates_nothing(backend: B
 }
 
 /// Each binary runs on one thread by default (README, "One thread per relay" and "One
-/// thread per service"): once students are linked, each process has its main thread and,
-/// on SQLite, sqlx's connection threads, and no thread of a multi-threaded Tokio runtime.
+/// thread per service"): once students are linked, each process has its main thread, the
+/// thread that writes its log (README, "Logs") and, on SQLite, sqlx's connection threads,
+/// and no thread of a multi-threaded Tokio runtime.
 async fn every_binary_runs_on_one_thread(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
@@ -286,7 +288,7 @@ async fn every_binary_runs_on_one_thread(backend: Backend) {
         (stack.users.pid(), "users-svc"),
     ];
     for (pid, name) in processes {
-        assert_eq!(threads_of(pid), [name], "threads of {name}");
+        assert_eq!(threads_of(pid), [name, "log-writer"], "threads of {name}");
     }
 
     // Given more, a service runs its tasks on that many workers, and serves as before.
@@ -305,7 +307,7 @@ async fn every_binary_runs_on_one_thread(backend: Backend) {
     for (pid, name) in processes {
         let mut threads = threads_of(pid);
         threads.sort();
-        let mut expected = [name, "tokio-rt-worker", "tokio-rt-worker"];
+        let mut expected = [name, "log-writer", "tokio-rt-worker", "tokio-rt-worker"];
         expected.sort();
         assert_eq!(threads, expected, "threads of {name}");
     }
@@ -371,6 +373,91 @@ async fn rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_l
 
 /// The names of a process's threads, without sqlx's SQLite connection threads (each
 /// SQLite connection runs on a thread of its own, outside the runtime).
+/// README ("Logs"): a service's log lines are written by a thread of their own, so a
+/// reader of stderr that stops reading (a stalled log shipper: the pipe fills) stops no
+/// call. users-svc logs at `trace` into a pipe this test reads only up to the `addr=`
+/// line; 300 CreateUser calls (tens of thousands of lines: more than the pipe and the
+/// writer's queue hold) each answer within 10 s, every user is stored, the lines that did
+/// not fit are counted in `log_lines_dropped_total`, and SIGTERM still stops it cleanly.
+/// With the lines written by the code that logs, the first call past a full pipe never
+/// answers.
+async fn a_log_reader_that_stops_reading_stops_no_service(backend: Backend) {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+    const CALLS: usize = 300;
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let mut users = tokio::process::Command::new(binaries().join("users-svc"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+        .args(["--database-url", &dbs.users_url])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("RUST_LOG", "trace")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start users-svc");
+    // Read up to the `addr=` line (the `metrics_addr=` line comes first), then never again:
+    // the pipe stays open, unread.
+    let mut log = BufReader::new(users.stderr.take().expect("stderr is piped")).lines();
+    let (mut metrics_addr, mut addr) = (None, None);
+    while addr.is_none() {
+        let line = log
+            .next_line()
+            .await
+            .expect("read the log")
+            .expect("users-svc exited before listening");
+        let value_of = |key: &str| -> Option<std::net::SocketAddr> {
+            let rest = &line[line.find(key)? + key.len()..];
+            rest.split_whitespace().next()?.parse().ok()
+        };
+        metrics_addr = metrics_addr.or_else(|| value_of(" metrics_addr="));
+        addr = value_of(" addr=");
+    }
+    let (addr, metrics_addr) = (addr.expect("read"), metrics_addr.expect("logged first"));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let mut client = proto::users::v1::users_service_client::UsersServiceClient::new(channel);
+    for n in 0..CALLS {
+        let request = proto::users::v1::CreateUserRequest {
+            idempotency_key: format!("log-reader-{n}"),
+            email: format!("reader{n}@example.edu"),
+            first_name: "Log".to_owned(),
+            last_name: "Reader".to_owned(),
+            document_number: format!("LOG-{n:05}"),
+            student_id: uuid::Uuid::now_v7().to_string(),
+        };
+        tokio::time::timeout(Duration::from_secs(10), client.create_user(request))
+            .await
+            .unwrap_or_else(|_| panic!("call {n} did not answer within 10 s"))
+            .unwrap_or_else(|status| panic!("call {n}: {status:?}"));
+    }
+    let users_db = sea_orm::Database::connect(&dbs.users_url)
+        .await
+        .expect("Users DB");
+    assert_eq!(
+        users_and_inbox_rows(&users_db).await,
+        (CALLS as u64, CALLS as u64)
+    );
+    let dropped = sample(&scrape(metrics_addr).await, "log_lines_dropped_total", &[]);
+    assert!(dropped > 0.0, "no log line dropped: the pipe never filled");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(users.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), users.wait())
+        .await
+        .expect("users-svc stops within 30 s")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+}
+
 fn threads_of(pid: u32) -> Vec<String> {
     let mut threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("the process's threads")
