@@ -10,6 +10,7 @@ pub mod fingerprint;
 pub mod group_commit;
 pub mod grpc_server;
 pub mod metrics;
+pub mod otlp;
 pub mod overload;
 pub mod redact;
 pub mod retention;

@@ -1,6 +1,8 @@
-//! W3C trace context (`traceparent`), carried without OpenTelemetry: one trace id follows a
-//! student from CreateStudent (or any change) through its outbox row and the relay to
-//! Users, so every log line about it, in all three processes, carries the same `trace_id`.
+//! W3C trace context (`traceparent`): one trace id follows a student from CreateStudent (or
+//! any change) through its outbox row and the relay to Users, so every log line about it,
+//! in all three processes, carries the same `trace_id`. Each hop is a span of its own,
+//! whose parent is the caller's; with a collector named, the hops are exported over OTLP
+//! with these ids ([`crate::otlp`]).
 //!
 //! `traceparent` is `00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>`
 //! (<https://www.w3.org/TR/trace-context/>). An absent or malformed one starts a new trace,
@@ -18,6 +20,8 @@ pub const TRACEPARENT: &str = "traceparent";
 pub struct TraceContext {
     trace_id: u128,
     span_id: u64,
+    /// The caller's span, or 0 for the first hop of a trace.
+    parent_span_id: u64,
     flags: u8,
 }
 
@@ -27,6 +31,7 @@ impl TraceContext {
         Self {
             trace_id: nonzero_u128(),
             span_id: nonzero_u64(),
+            parent_span_id: 0,
             flags: 0x01,
         }
     }
@@ -55,6 +60,7 @@ impl TraceContext {
         let context = Self {
             trace_id: u128::from_str_radix(trace_id, 16).ok()?,
             span_id: u64::from_str_radix(span_id, 16).ok()?,
+            parent_span_id: 0,
             flags: u8::from_str_radix(flags, 16).ok()?,
         };
         (context.trace_id != 0 && context.span_id != 0).then_some(context)
@@ -90,12 +96,33 @@ impl TraceContext {
             .map_or_else(Self::new_root, |parent| parent.child())
     }
 
-    /// The next hop: the same trace, a new span.
+    /// The next hop: the same trace, a new span whose parent is this one.
     pub fn child(self) -> Self {
         Self {
             span_id: nonzero_u64(),
+            parent_span_id: self.span_id,
             ..self
         }
+    }
+
+    /// The trace id, as a number.
+    pub fn trace_id_value(&self) -> u128 {
+        self.trace_id
+    }
+
+    /// This hop's span id.
+    pub fn span_id(&self) -> u64 {
+        self.span_id
+    }
+
+    /// The caller's span id; `None` for the first hop of a trace.
+    pub fn parent_span_id(&self) -> Option<u64> {
+        (self.parent_span_id != 0).then_some(self.parent_span_id)
+    }
+
+    /// Whether the trace is sampled (flag `01`): only sampled hops are exported.
+    pub fn is_sampled(&self) -> bool {
+        self.flags & 0x01 == 0x01
     }
 
     /// The trace id as 32 lowercase hex digits: what every log line about the work carries.
@@ -186,6 +213,12 @@ mod tests {
                 assert_eq!(continued.trace_id, parent.trace_id, "{from}: {traceparent}");
                 assert_eq!(continued.flags, parent.flags, "{from}: {traceparent}");
                 assert_ne!(continued.span_id, parent.span_id, "{from}: {traceparent}");
+                assert_eq!(
+                    continued.parent_span_id(),
+                    Some(parent.span_id),
+                    "{from}: the caller's span is the parent"
+                );
+                assert_eq!(continued.is_sampled(), flags == "01", "{from}");
                 assert_ne!(continued.span_id, 0, "{from}: {traceparent}");
                 assert_ne!(continued.to_string(), traceparent, "{from}");
                 assert!(
@@ -210,6 +243,7 @@ mod tests {
         ] {
             assert_eq!(TraceContext::parse(bad), None, "{bad:?}");
         }
+        assert_eq!(TraceContext::new_root().parent_span_id(), None);
         let fresh = TraceContext::continue_stored(Some("garbage"));
         assert_eq!(fresh.trace_id().len(), 32);
         assert_ne!(fresh.trace_id(), "0".repeat(32));

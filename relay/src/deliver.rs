@@ -10,6 +10,7 @@ use std::{
 use futures::StreamExt as _;
 use platform::{
     failpoint::{self, points},
+    otlp::ExportedSpan,
     status::code_name,
     trace::TraceContext,
 };
@@ -30,7 +31,7 @@ use crate::{
     budget::CallBudget,
     classify::{Failure, classify, permanent_failure_kind},
     metrics::{self, Outcome},
-    users_client::{self, Key, UsersClient, row_trace},
+    users_client::{self, Key, UsersClient, delivery_span, row_trace},
 };
 
 /// What one [`Relay::deliver_batch`] did.
@@ -191,9 +192,13 @@ impl Relay {
         lease_ends: Instant,
     ) -> anyhow::Result<(Delivery, i64)> {
         let (trace, span) = row_trace(&row);
-        self.send_traced(row, lease_ends, trace)
+        let exported = delivery_span(&row, trace);
+        let sent = self
+            .send_traced(row, lease_ends, trace)
             .instrument(span)
-            .await
+            .await;
+        end_delivery_span(exported, &sent);
+        sent
     }
 
     async fn send_traced(
@@ -472,6 +477,21 @@ pub(crate) enum Delivery {
     /// Shed by Users unjudged, and given back with its attempt.
     Shed,
     Superseded,
+}
+
+/// Ends a row's delivery span with what became of the row: an error for a row retried or
+/// failed, or when its answer could not be recorded.
+pub(crate) fn end_delivery_span(mut span: ExportedSpan, sent: &anyhow::Result<(Delivery, i64)>) {
+    match sent {
+        Ok((delivery, _)) => {
+            let outcome = delivery.outcome();
+            span.set("outbox.outcome", outcome.label());
+            if matches!(outcome, Outcome::Retried | Outcome::Failed) {
+                span.fail(outcome.label());
+            }
+        }
+        Err(err) => span.fail(&format!("{err:#}")),
+    }
 }
 
 impl Delivery {

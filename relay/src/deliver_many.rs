@@ -21,9 +21,9 @@ use tracing::Instrument as _;
 
 use crate::{
     Relay,
-    deliver::Delivery,
+    deliver::{Delivery, end_delivery_span},
     metrics,
-    users_client::{Key, row_trace},
+    users_client::{Key, delivery_span, row_trace},
 };
 
 /// One row's result: what became of it, and its id.
@@ -78,6 +78,7 @@ impl Relay {
     ) -> Vec<RowResult> {
         let traced: Vec<_> = creations.iter().map(|(row, _)| row_trace(row)).collect();
         // As for a single row (`send_traced`): never start a call the lease cannot cover.
+        // (Nothing is sent, so no delivery span.)
         if !self.lease_covers_a_call(lease_ends) {
             return creations
                 .iter()
@@ -85,6 +86,11 @@ impl Relay {
                 .map(|((row, _), (_, span))| Ok(span.in_scope(|| Relay::unsent_for_its_lease(row))))
                 .collect();
         }
+        let spans: Vec<_> = creations
+            .iter()
+            .zip(&traced)
+            .map(|((row, _), (trace, _))| delivery_span(row, *trace))
+            .collect();
         let items: Vec<_> = creations
             .iter()
             .zip(&traced)
@@ -112,17 +118,27 @@ impl Relay {
             Err(status) => vec![Err(status); creations.len()],
         };
         drop(items);
-        join_all(creations.into_iter().zip(answers).zip(traced).map(
-            |(((row, payload), answer), (_, span))| {
-                async move {
-                    let effect = Effect::CreateUser(payload);
-                    let delivery = self.conclude(&row, &effect, answer).await?;
-                    metrics::delivery(&row.effect_type, delivery.outcome());
-                    Ok((delivery, row.id))
-                }
-                .instrument(span)
-            },
-        ))
+        join_all(
+            creations
+                .into_iter()
+                .zip(answers)
+                .zip(traced)
+                .zip(spans)
+                .map(|((((row, payload), answer), (_, span)), exported)| {
+                    async move {
+                        let effect = Effect::CreateUser(payload);
+                        let concluded = async {
+                            let delivery = self.conclude(&row, &effect, answer).await?;
+                            metrics::delivery(&row.effect_type, delivery.outcome());
+                            Ok((delivery, row.id))
+                        }
+                        .await;
+                        end_delivery_span(exported, &concluded);
+                        concluded
+                    }
+                    .instrument(span)
+                }),
+        )
         .await
     }
 }

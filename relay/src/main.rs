@@ -12,5 +12,14 @@ use clap::Parser as _;
 async fn main() -> ExitCode {
     let cli = relay::cli::Cli::parse();
     let _log = platform::telemetry::init(cli.log_format);
-    relay::cli::execute(cli).await
+    let spans = match platform::otlp::start("relay") {
+        Ok(spans) => spans,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = relay::cli::execute(cli).await;
+    spans.stop().await;
+    code
 }

@@ -42,7 +42,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Linked => "linked",
             Self::Replayed => "replayed",

@@ -16,7 +16,7 @@ use tracing::Instrument as _;
 
 use platform::status::code_name;
 
-use crate::users_client::{Answer, Key, UsersClient, row_trace};
+use crate::users_client::{Answer, Key, UsersClient, delivery_span, row_trace};
 
 /// Totals of a replay run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -103,10 +103,13 @@ pub async fn replay(
 async fn replay_one(users: &UsersClient, row: &outbox_row::Model) -> Result<Answer, String> {
     let effect = Effect::decode(&row.effect_type, &row.payload).map_err(|err| err.to_string())?;
     let (trace, span) = row_trace(row);
-    users
+    let exported = delivery_span(row, trace);
+    let answered = users
         .deliver(Key::of(row, trace), &effect, None, true)
         .instrument(span)
-        .await
+        .await;
+    exported
+        .ended(answered)
         .map_err(|status| format!("{}: {}", code_name(status.code()), status.message()))
 }
 

@@ -42,7 +42,9 @@ use uuid::Uuid;
 
 use crate::{
     classify::{DELIVERY_EXPIRED, USER_NOT_FOUND},
-    users_client::{Key, UsersClient, cannot_ask, row_trace, unless_shed, was_replayed},
+    users_client::{
+        Key, UsersClient, cannot_ask, delivery_span, row_trace, unless_shed, was_replayed,
+    },
 };
 
 /// Which failed rows to redrive.
@@ -487,12 +489,13 @@ pub(crate) async fn ask_about_old_key(
     let effect = Effect::decode(&row.effect_type, &row.payload)
         .map_err(|err| format!("{err}, so Users cannot be asked about the old key"))?;
     let (trace, span) = row_trace(row);
+    let exported = delivery_span(row, trace);
     let asked = unless_shed(|| {
         users
             .deliver(Key::of(row, trace), &effect, None, true)
             .instrument(span.clone())
     });
-    match asked.await {
+    match exported.ended(asked.await) {
         Ok(answer) => Ok(OldKey::Executed(Delivered::of(&effect, answer.user_id))),
         Err(status)
             if status.code() == Code::NotFound

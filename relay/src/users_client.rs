@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use platform::trace::TraceContext;
+use platform::{otlp::ExportedSpan, trace::TraceContext};
 use proto::users::v1::{
     CreateUserRequest, CreateUsersItem, CreateUsersRequest, CreateUsersResult, DisableUserRequest,
     GetUserRequest, KEY_CREATED_AT_HEADER, ListUsersRequest, ListUsersResponse, REPLAY_ONLY_HEADER,
@@ -13,7 +13,7 @@ use proto::users::v1::{
     users_service_client::UsersServiceClient,
 };
 use student_store::{
-    effect::{CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
+    effect::{self, CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
     entity::outbox as outbox_row,
 };
 use tonic::{
@@ -70,6 +70,20 @@ pub fn row_trace(row: &outbox_row::Model) -> (TraceContext, tracing::Span) {
     let trace = TraceContext::continue_stored(row.traceparent.as_deref());
     let span = tracing::info_span!("outbox_row", trace_id = %trace.trace_id(), outbox_id = row.id);
     (trace, span)
+}
+
+/// The row's delivery as a span of its trace, exported when a collector is named: the
+/// parent of Users' span for the call, named after the method the row's effect calls.
+pub fn delivery_span(row: &outbox_row::Model, trace: TraceContext) -> ExportedSpan {
+    let method = match row.effect_type.as_str() {
+        effect::CREATE_USER => "CreateUser",
+        effect::UPDATE_USER => "UpdateUser",
+        effect::DISABLE_USER => "DisableUser",
+        _ => "unknown",
+    };
+    let mut span = ExportedSpan::client(trace, "users.v1.UsersService", method);
+    span.set("outbox.id", row.id);
+    span
 }
 
 /// What Users answered to an effect's call.

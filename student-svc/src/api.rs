@@ -1,6 +1,6 @@
 //! The gRPC face of the Student service: decode and validate, call a use case, encode.
 
-use platform::{trace::TraceContext, validate};
+use platform::{otlp::ExportedSpan, trace::TraceContext, validate};
 use proto::student::v1::{
     CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, ListStudentsRequest,
     ListStudentsResponse, Student, UpdateStudentRequest, UserLinkStatus,
@@ -25,9 +25,14 @@ use crate::{
 
 /// The trace a student change belongs to: the caller's `traceparent`, continued, or a new
 /// one. Its id goes on the handler's span, so every log line of the call carries it, and
-/// the context goes on the outbox row, so the relay and Users continue it.
-fn traced<T>(request: &Request<T>) -> TraceContext {
-    TraceContext::continue_in_current_span(request.metadata())
+/// the context goes on the outbox row, so the relay and Users continue it. The call is the
+/// trace's span `method` of this service (exported when a collector is named).
+fn traced<T>(request: &Request<T>, method: &'static str) -> (TraceContext, ExportedSpan) {
+    let trace = TraceContext::continue_in_current_span(request.metadata());
+    (
+        trace,
+        ExportedSpan::server(trace, "student.v1.StudentService", method),
+    )
 }
 
 /// Implements `student.v1.StudentService` over the Student DB.
@@ -49,6 +54,17 @@ pub enum Link {
 }
 
 impl StudentApi {
+    /// UpdateStudent and DeactivateStudent: one change of a student, within `trace`.
+    async fn change(
+        &self,
+        request: impl TryInto<StudentChange, Error = Error>,
+        trace: TraceContext,
+    ) -> Result<Response<Student>, Status> {
+        let change = request.try_into()?;
+        let view = students::change_student(&self.db, &self.bell, change, trace).await?;
+        Ok(Response::new(encode(view)))
+    }
+
     /// Starts CreateStudent's writers (inside a Tokio runtime).
     pub fn new(db: DatabaseConnection, link: Link, bell: RelayBell) -> Self {
         let writer = StudentWriter::start(db.clone(), bell.clone());
@@ -68,10 +84,16 @@ impl StudentService for StudentApi {
         &self,
         request: Request<CreateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
-        let trace = traced(&request);
-        let new = NewStudent::try_from(request.into_inner())?;
-        let view = students::create_student(&self.db, &self.writer, &self.link, new, trace).await?;
-        Ok(Response::new(encode(view)))
+        let (trace, span) = traced(&request, "CreateStudent");
+        span.ended(
+            async {
+                let new = NewStudent::try_from(request.into_inner())?;
+                let view = students::create_student(&self.db, &self.writer, &self.link, new, trace)
+                    .await?;
+                Ok(Response::new(encode(view)))
+            }
+            .await,
+        )
     }
 
     #[tracing::instrument(name = "UpdateStudent", skip_all, fields(trace_id))]
@@ -79,10 +101,8 @@ impl StudentService for StudentApi {
         &self,
         request: Request<UpdateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
-        let trace = traced(&request);
-        let change = StudentChange::try_from(request.into_inner())?;
-        let view = students::change_student(&self.db, &self.bell, change, trace).await?;
-        Ok(Response::new(encode(view)))
+        let (trace, span) = traced(&request, "UpdateStudent");
+        span.ended(self.change(request.into_inner(), trace).await)
     }
 
     #[tracing::instrument(name = "DeactivateStudent", skip_all, fields(trace_id))]
@@ -90,10 +110,8 @@ impl StudentService for StudentApi {
         &self,
         request: Request<DeactivateStudentRequest>,
     ) -> Result<Response<Student>, Status> {
-        let trace = traced(&request);
-        let change = StudentChange::try_from(request.into_inner())?;
-        let view = students::change_student(&self.db, &self.bell, change, trace).await?;
-        Ok(Response::new(encode(view)))
+        let (trace, span) = traced(&request, "DeactivateStudent");
+        span.ended(self.change(request.into_inner(), trace).await)
     }
 
     #[tracing::instrument(name = "GetStudent", skip_all)]

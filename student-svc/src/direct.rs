@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use platform::trace::TraceContext;
+use platform::{otlp::ExportedSpan, trace::TraceContext};
 use proto::users::v1::{CreateUserRequest, users_service_client::UsersServiceClient};
 use tonic::{
     Request, Status,
@@ -97,9 +97,11 @@ impl DirectUsers {
                 .metadata_mut()
                 .insert("authorization", authorization.clone());
         }
-        trace.child().inject(request.metadata_mut());
+        let call = trace.child();
+        call.inject(request.metadata_mut());
         request.set_timeout(self.timeout);
-        let response = self.client.clone().create_user(request).await?;
+        let span = ExportedSpan::client(call, "users.v1.UsersService", "CreateUser");
+        let response = span.ended(self.client.clone().create_user(request).await)?;
         Uuid::try_parse(&response.into_inner().user_id)
             .map_err(|_| Status::internal("Users returned a malformed user_id"))
     }

@@ -11,6 +11,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let _log = platform::telemetry::init(config.log_format);
+    let spans = platform::otlp::start("student-svc")?;
     let options = config.server_options()?;
     let link = config.link()?;
     let shutdown = platform::shutdown::on_signal()?;
@@ -21,5 +22,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(target: platform::telemetry::LISTENING_TARGET, addr = %listener.local_addr()?, tls = options.tls.is_some(), link_mode = ?config.link_mode, wake_relays = ?config.wake_relays, "student-svc listening");
-    student_svc::run(listener, db, options, link, config.wake_relays, shutdown).await
+    let served = student_svc::run(listener, db, options, link, config.wake_relays, shutdown).await;
+    spans.stop().await;
+    served
 }

@@ -5,7 +5,10 @@
 //! key older than the inbox's memory is refused, never executed a second time; one trace
 //! id follows a student through the three processes' logs.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, time::Duration};
+
+use devstack::{Process, wait_until_serving};
+use proto::student::v1::{UserLinkStatus, student_service_client::StudentServiceClient};
 
 use nix::sys::signal::Signal;
 use platform::failpoint::points;
@@ -24,8 +27,9 @@ use uuid::Uuid;
 use crate::{
     on_both_backends,
     support::{
-        Backend, conflicting_user_request, eventually, insert_unlinked_students,
-        insert_users_of_no_student,
+        Backend, TestDatabases,
+        collector::{Collector, ReceivedSpan, hex},
+        conflicting_user_request, eventually, insert_unlinked_students, insert_users_of_no_student,
         invariants::{
             assert_each_student_linked_exactly_once, stored_user, students_and_outbox_rows,
             users_and_inbox_rows,
@@ -34,7 +38,7 @@ use crate::{
             alert_test_series, exported_names, gauge, has_label_value, label_names,
             ops_expressions, promql_names, sample, scrape,
         },
-        stack::{LINK_DEADLINE, Stack},
+        stack::{LINK_DEADLINE, Stack, binaries},
         student_request, user_of_no_student,
     },
 };
@@ -51,6 +55,7 @@ on_both_backends!(
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
     one_trace_id_follows_a_student_through_the_three_processes,
+    each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector,
     the_direct_flow_carries_the_callers_trace_to_users,
     rows_sent_together_are_each_judged_under_their_own_trace,
 );
@@ -1613,6 +1618,191 @@ fn with_trace<T>(message: T, trace_id: &str) -> tonic::Request<T> {
             .expect("ASCII"),
     );
     request
+}
+
+/// README ("Following one student"): with a collector named (`OTEL_EXPORTER_OTLP_ENDPOINT`),
+/// each hop of a student's journey is exported as a span of the caller's trace whose parent
+/// is the hop before it: the CreateStudent call (its parent the caller's span), the relay's
+/// delivery of the row (a client span, `linked`), and Users' execution of it; nothing else
+/// is in the trace. Three students, each under a trace of its own, wait for the relay, so
+/// it sends them in one CreateUsers call (a span of its own) and each item is a CreateUser
+/// span of its student's trace; then a rename under a fourth trace is UpdateStudent, the
+/// relay's UpdateUser delivery and Users' UpdateUser. The binaries wait an hour between
+/// batches here, so the spans reach the collector only because each one sends what it has
+/// queued when it stops (SIGTERM).
+async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(backend: Backend) {
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+
+    const CALLER_SPAN: &str = "00f067aa0ba902b7";
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let env = [
+        ("RUST_LOG", "info"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint().as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "3600000"),
+    ]
+    .map(|(name, value)| (name.to_owned(), value.to_owned()));
+    let start = |binary: &str, args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let log = dbs.dir.path().join(format!("{binary}.log"));
+        Process::spawn_isolated(&binaries().join(binary), &args, &env, &log)
+            .unwrap_or_else(|err| panic!("start {binary}: {err:#}"))
+    };
+    let serving = async |process: &mut Process, service: &str| {
+        let addr = process
+            .listening_addr(Duration::from_secs(30))
+            .expect("listening");
+        wait_until_serving(addr, service, Duration::from_secs(30))
+            .await
+            .expect("serving");
+        addr
+    };
+    let mut users = start(
+        "users-svc",
+        &["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url],
+    );
+    let users_addr = serving(&mut users, "users.v1.UsersService").await;
+    let mut student = start(
+        "student-svc",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &dbs.student_url,
+        ],
+    );
+    let student_addr = serving(&mut student, "student.v1.StudentService").await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{student_addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let client = StudentServiceClient::new(channel);
+    let mut traces = Vec::new();
+    for n in 0..3 {
+        let trace_id = new_trace_id();
+        let id = client
+            .clone()
+            .create_student(with_trace(student_request(n), &trace_id))
+            .await
+            .expect("created")
+            .into_inner()
+            .id;
+        traces.push((trace_id, id));
+    }
+    let users_url = format!("http://{users_addr}");
+    let mut relay = start(
+        "relay",
+        &[
+            "--database-url",
+            &dbs.student_url,
+            "--users-url",
+            &users_url,
+            "run",
+        ],
+    );
+    for (_, id) in &traces {
+        eventually("the student linked", LINK_DEADLINE, || {
+            let (mut client, id) = (client.clone(), id.clone());
+            async move {
+                let student = client
+                    .get_student(proto::student::v1::GetStudentRequest { id })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (student.user_link_status() == UserLinkStatus::Linked).then_some(())
+            }
+        })
+        .await;
+    }
+    let change_trace_id = new_trace_id();
+    let renamed = traces[0].1.clone();
+    let current = client
+        .clone()
+        .get_student(proto::student::v1::GetStudentRequest {
+            id: renamed.clone(),
+        })
+        .await
+        .expect("found")
+        .into_inner();
+    client
+        .clone()
+        .update_student(with_trace(
+            proto::student::v1::UpdateStudentRequest {
+                id: renamed.clone(),
+                first_name: "Renamed".into(),
+                last_name: current.last_name,
+                email: current.email,
+                idempotency_key: None,
+                expected_version: current.version,
+            },
+            &change_trace_id,
+        ))
+        .await
+        .expect("updated");
+    let users_db = platform::db::connect(&dbs.users_url)
+        .await
+        .expect("Users DB");
+    eventually("the rename reaches Users", LINK_DEADLINE, || async {
+        let user = stored_user(&users_db, current.user_id.parse().expect("linked")).await;
+        (user.first_name == "Renamed").then_some(())
+    })
+    .await;
+    for process in [&mut relay, &mut student, &mut users] {
+        process.signal(Signal::SIGTERM).expect("SIGTERM");
+        let status = process
+            .wait_timeout(Duration::from_secs(30))
+            .expect("wait")
+            .unwrap_or_else(|| panic!("{} stops", process.name()));
+        assert!(status.success(), "{}: {status}", process.name());
+    }
+
+    let batches: Vec<ReceivedSpan> = collector
+        .spans()
+        .into_iter()
+        .filter(|received| received.span.name == "users.v1.UsersService/CreateUsers")
+        .collect();
+    assert_eq!(batches.len(), 1, "one CreateUsers call: {batches:#?}");
+    assert_eq!(batches[0].service, "users-svc");
+    let journeys = traces
+        .iter()
+        .map(|(trace_id, _)| (trace_id, "CreateStudent", "CreateUser"))
+        .chain([(&change_trace_id, "UpdateStudent", "UpdateUser")]);
+    for (trace_id, student_method, users_method) in journeys {
+        let spans = collector.spans_of(trace_id);
+        let only = |service: &str, kind: SpanKind| {
+            let found: Vec<&ReceivedSpan> = spans
+                .iter()
+                .filter(|received| received.service == service && received.span.kind == kind as i32)
+                .collect();
+            assert_eq!(found.len(), 1, "one {kind:?} span of {service}: {spans:#?}");
+            found[0].clone()
+        };
+        let call = only("student-svc", SpanKind::Server);
+        assert_eq!(
+            call.span.name,
+            format!("student.v1.StudentService/{student_method}")
+        );
+        assert_eq!(hex(&call.span.parent_span_id), CALLER_SPAN);
+        let delivery = only("relay", SpanKind::Client);
+        let users_method = format!("users.v1.UsersService/{users_method}");
+        assert_eq!(delivery.span.name, users_method);
+        assert_eq!(delivery.span.parent_span_id, call.span.span_id);
+        assert_eq!(
+            delivery.attribute("outbox.outcome").as_deref(),
+            Some("linked")
+        );
+        let execution = only("users-svc", SpanKind::Server);
+        assert_eq!(execution.span.name, users_method);
+        assert_eq!(execution.span.parent_span_id, delivery.span.span_id);
+        assert_eq!(spans.len(), 3, "nothing else in the trace: {spans:#?}");
+        for received in &spans {
+            assert!(
+                received.span.start_time_unix_nano <= received.span.end_time_unix_nano,
+                "{received:#?}"
+            );
+        }
+    }
 }
 
 fn new_trace_id() -> String {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use platform::{trace::TraceContext, validate};
+use platform::{otlp::ExportedSpan, trace::TraceContext, validate};
 use proto::users::v1::{
     CreateUserRequest, CreateUserResponse, CreateUsersItem, CreateUsersRequest,
     CreateUsersResponse, CreateUsersResult, DisableUserRequest, DisableUserResponse,
@@ -166,19 +166,24 @@ impl UsersService for UsersApi {
         &self,
         request: Request<CreateUserRequest>,
     ) -> Result<Response<CreateUserResponse>, Status> {
-        traced(&request);
-        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let mode = self.mode(&request)?;
-        let new = NewUser::try_from(request.into_inner()).map_err(metrics::invalid)?;
-        let answer = create_user::create_user(&self.db, &self.answers, new, mode).await;
-        metrics::inbox_request("CreateUser", &answer);
-        let answer = answer?;
-        encode_answer(answer, |outcome| match outcome {
-            SavedOutcome::Created { user_id } => Some(CreateUserResponse {
-                user_id: user_id.to_string(),
-            }),
-            _ => None,
-        })
+        let span = traced(&request, "CreateUser");
+        span.ended(
+            async {
+                platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+                let mode = self.mode(&request)?;
+                let new = NewUser::try_from(request.into_inner()).map_err(metrics::invalid)?;
+                let answer = create_user::create_user(&self.db, &self.answers, new, mode).await;
+                metrics::inbox_request("CreateUser", &answer);
+                let answer = answer?;
+                encode_answer(answer, |outcome| match outcome {
+                    SavedOutcome::Created { user_id } => Some(CreateUserResponse {
+                        user_id: user_id.to_string(),
+                    }),
+                    _ => None,
+                })
+            }
+            .await,
+        )
     }
 
     #[tracing::instrument(name = "CreateUsers", skip_all, fields(trace_id, items))]
@@ -187,25 +192,45 @@ impl UsersService for UsersApi {
         request: Request<CreateUsersRequest>,
     ) -> Result<Response<CreateUsersResponse>, Status> {
         let call = TraceContext::continue_in_current_span(request.metadata());
-        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let replay_only = replay_only(&request);
-        let items = request.into_inner().items;
-        tracing::Span::current().record("items", items.len());
-        check_items(&items).map_err(metrics::invalid)?;
-        let items = items
-            .into_iter()
-            .map(|item| self.item(item, replay_only, call))
-            .collect();
-        let answers = create_users::create_users(&self.db, &self.answers, items).await?;
-        let results = answers
-            .into_iter()
-            .map(|answer| {
-                // Counted as what each item is: a CreateUser request.
-                metrics::inbox_request("CreateUser", &answer);
-                item_result(answer)
-            })
-            .collect();
-        Ok(Response::new(CreateUsersResponse { results }))
+        let span = ExportedSpan::server(call, SERVICE, "CreateUsers");
+        span.ended(
+            async {
+                platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+                let replay_only = replay_only(&request);
+                let items = request.into_inner().items;
+                tracing::Span::current().record("items", items.len());
+                check_items(&items).map_err(metrics::invalid)?;
+                let items: Vec<Item> = items
+                    .into_iter()
+                    .map(|item| self.item(item, replay_only, call))
+                    .collect();
+                // Each item that carries its own trace (its outbox row's) is a CreateUser
+                // span of that trace, so each student's journey shows its execution.
+                let item_spans: Vec<_> = items
+                    .iter()
+                    .map(|item| {
+                        (item.trace != call)
+                            .then(|| ExportedSpan::server(item.trace, SERVICE, "CreateUser"))
+                    })
+                    .collect();
+                let answers = create_users::create_users(&self.db, &self.answers, items).await?;
+                let results = answers
+                    .into_iter()
+                    .zip(item_spans)
+                    .map(|(answer, span)| {
+                        // Counted as what each item is: a CreateUser request.
+                        metrics::inbox_request("CreateUser", &answer);
+                        let result = item_result(answer);
+                        if let Some(span) = span {
+                            end_item_span(span, &result);
+                        }
+                        result
+                    })
+                    .collect();
+                Ok(Response::new(CreateUsersResponse { results }))
+            }
+            .await,
+        )
     }
 
     #[tracing::instrument(name = "UpdateUser", skip_all, fields(trace_id))]
@@ -213,19 +238,25 @@ impl UsersService for UsersApi {
         &self,
         request: Request<UpdateUserRequest>,
     ) -> Result<Response<UpdateUserResponse>, Status> {
-        traced(&request);
-        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let mode = self.mode(&request)?;
-        let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
-        let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
-        metrics::inbox_request("UpdateUser", &answer);
-        let answer = answer?;
-        encode_answer(answer, |outcome| {
-            applied(outcome).map(|(user_id, applied)| UpdateUserResponse {
-                user_id: user_id.to_string(),
-                applied,
-            })
-        })
+        let span = traced(&request, "UpdateUser");
+        span.ended(
+            async {
+                platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+                let mode = self.mode(&request)?;
+                let change =
+                    UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
+                let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
+                metrics::inbox_request("UpdateUser", &answer);
+                let answer = answer?;
+                encode_answer(answer, |outcome| {
+                    applied(outcome).map(|(user_id, applied)| UpdateUserResponse {
+                        user_id: user_id.to_string(),
+                        applied,
+                    })
+                })
+            }
+            .await,
+        )
     }
 
     #[tracing::instrument(name = "DisableUser", skip_all, fields(trace_id))]
@@ -233,33 +264,44 @@ impl UsersService for UsersApi {
         &self,
         request: Request<DisableUserRequest>,
     ) -> Result<Response<DisableUserResponse>, Status> {
-        traced(&request);
-        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let mode = self.mode(&request)?;
-        let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
-        let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
-        metrics::inbox_request("DisableUser", &answer);
-        let answer = answer?;
-        encode_answer(answer, |outcome| {
-            applied(outcome).map(|(user_id, applied)| DisableUserResponse {
-                user_id: user_id.to_string(),
-                applied,
-            })
-        })
+        let span = traced(&request, "DisableUser");
+        span.ended(
+            async {
+                platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+                let mode = self.mode(&request)?;
+                let change =
+                    UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
+                let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
+                metrics::inbox_request("DisableUser", &answer);
+                let answer = answer?;
+                encode_answer(answer, |outcome| {
+                    applied(outcome).map(|(user_id, applied)| DisableUserResponse {
+                        user_id: user_id.to_string(),
+                        applied,
+                    })
+                })
+            }
+            .await,
+        )
     }
 
     #[tracing::instrument(name = "GetUser", skip_all, fields(trace_id))]
     async fn get_user(&self, request: Request<GetUserRequest>) -> Result<Response<User>, Status> {
-        traced(&request);
-        let id = validate::uuid("id", &request.into_inner().id)
-            .map_err(metrics::invalid)
-            .map_err(Error::from)?;
-        let user = users::Entity::find_by_id(id)
-            .one(&self.db)
-            .await
-            .map_err(Error::from)?
-            .ok_or(Error::NotFound(id))?;
-        Ok(Response::new(user_message(user)))
+        let span = traced(&request, "GetUser");
+        span.ended(
+            async {
+                let id = validate::uuid("id", &request.into_inner().id)
+                    .map_err(metrics::invalid)
+                    .map_err(Error::from)?;
+                let user = users::Entity::find_by_id(id)
+                    .one(&self.db)
+                    .await
+                    .map_err(Error::from)?
+                    .ok_or(Error::NotFound(id))?;
+                Ok(Response::new(user_message(user)))
+            }
+            .await,
+        )
     }
 
     #[tracing::instrument(name = "ListUsers", skip_all, fields(trace_id))]
@@ -267,37 +309,45 @@ impl UsersService for UsersApi {
         &self,
         request: Request<ListUsersRequest>,
     ) -> Result<Response<ListUsersResponse>, Status> {
-        traced(&request);
-        let request = request.into_inner();
-        let (after, limit) = validate::page(request.page_size, &request.page_token)
-            .map_err(metrics::invalid)
-            .map_err(Error::from)?;
-        if request.student_id.is_empty() {
-            let page = listing::page(&self.db, after, limit)
-                .await
-                .map_err(Error::from)?;
-            return Ok(Response::new(ListUsersResponse {
-                users: page.users.into_iter().map(user_message).collect(),
-                next_page_token: page.next_after.map(|id| id.to_string()).unwrap_or_default(),
-            }));
-        }
-        let student_id = validate::uuid("student_id", &request.student_id)
-            .and_then(|id| match after {
-                None => Ok(id),
-                Some(_) => Err(validate::FieldViolation::new(
-                    "page_token",
-                    "must be empty with student_id: a student's users come in one response",
-                )),
-            })
-            .map_err(metrics::invalid)
-            .map_err(Error::from)?;
-        let users = listing::users_of_student(&self.db, student_id)
-            .await
-            .map_err(Error::from)?;
-        Ok(Response::new(ListUsersResponse {
-            users: users.into_iter().map(user_message).collect(),
-            next_page_token: String::new(),
-        }))
+        let span = traced(&request, "ListUsers");
+        span.ended(
+            async {
+                let request = request.into_inner();
+                let (after, limit) = validate::page(request.page_size, &request.page_token)
+                    .map_err(metrics::invalid)
+                    .map_err(Error::from)?;
+                if request.student_id.is_empty() {
+                    let page = listing::page(&self.db, after, limit)
+                        .await
+                        .map_err(Error::from)?;
+                    return Ok(Response::new(ListUsersResponse {
+                        users: page.users.into_iter().map(user_message).collect(),
+                        next_page_token: page
+                            .next_after
+                            .map(|id| id.to_string())
+                            .unwrap_or_default(),
+                    }));
+                }
+                let student_id = validate::uuid("student_id", &request.student_id)
+                    .and_then(|id| match after {
+                        None => Ok(id),
+                        Some(_) => Err(validate::FieldViolation::new(
+                            "page_token",
+                            "must be empty with student_id: a student's users come in one response",
+                        )),
+                    })
+                    .map_err(metrics::invalid)
+                    .map_err(Error::from)?;
+                let users = listing::users_of_student(&self.db, student_id)
+                    .await
+                    .map_err(Error::from)?;
+                Ok(Response::new(ListUsersResponse {
+                    users: users.into_iter().map(user_message).collect(),
+                    next_page_token: String::new(),
+                }))
+            }
+            .await,
+        )
     }
 }
 
@@ -317,10 +367,15 @@ fn user_message(user: users::Model) -> User {
 }
 
 /// Puts the caller's trace id (its `traceparent`, or a new trace) on the handler's span, so
-/// every log line of the call carries the `trace_id` of the student's journey.
-fn traced<T>(request: &Request<T>) {
-    TraceContext::continue_in_current_span(request.metadata());
+/// every log line of the call carries the `trace_id` of the student's journey; the call is
+/// the trace's span `method` of this service (exported when a collector is named).
+fn traced<T>(request: &Request<T>, method: &'static str) -> ExportedSpan {
+    let trace = TraceContext::continue_in_current_span(request.metadata());
+    ExportedSpan::server(trace, SERVICE, method)
 }
+
+/// The service's name in span names.
+const SERVICE: &str = "users.v1.UsersService";
 
 /// One item's answer as CreateUsers returns it: what CreateUser would have answered, the
 /// header turned into `replayed` and a failure into an [`ItemError`].
@@ -353,6 +408,14 @@ fn item_result(answer: Result<Answer, Error>) -> CreateUsersResult {
     CreateUsersResult {
         outcome: Some(outcome),
         replayed,
+    }
+}
+
+/// Ends an item's span as CreateUser's would end with the same answer.
+fn end_item_span(span: ExportedSpan, result: &CreateUsersResult) {
+    match &result.outcome {
+        Some(Outcome::Error(error)) => span.end(Code::from_i32(error.code), &error.message),
+        _ => span.end(Code::Ok, ""),
     }
 }
 

@@ -25,6 +25,7 @@ fn main() -> anyhow::Result<ExitCode> {
 
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let _log = platform::telemetry::init(config.log_format);
+    let spans = platform::otlp::start("users-svc")?;
     let options = config.server_options()?;
     let auth_tokens = config.auth_tokens()?;
     let shutdown = platform::shutdown::on_signal()?;
@@ -35,8 +36,9 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(target: platform::telemetry::LISTENING_TARGET, addr = %listener.local_addr()?, tls = options.tls.is_some(), tokens = auth_tokens.as_ref().map_or(0, |t| t.count()), "users-svc listening");
-    users_svc::run(listener, db, options, auth_tokens, config.inbox(), shutdown).await?;
-    Ok(ExitCode::SUCCESS)
+    let served = users_svc::run(listener, db, options, auth_tokens, config.inbox(), shutdown).await;
+    spans.stop().await;
+    served.map(|()| ExitCode::SUCCESS)
 }
 
 /// A one-shot command's exit code, as the relay's: 0 done, 1 the answer is no (set by

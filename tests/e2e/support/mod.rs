@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod certs;
+pub mod collector;
 pub mod databases;
 pub mod invariants;
 pub mod metrics;

@@ -1,0 +1,232 @@
+//! Spans exported to an OpenTelemetry collector over OTLP/gRPC, when one is named.
+//!
+//! The ids are the W3C ones every log line already carries ([`crate::trace`]): each hop of a
+//! student's journey (the Student call, each delivery of its outbox row, Users' execution)
+//! becomes one span whose parent is the hop before it, so a tracing backend (Jaeger, Tempo,
+//! …) shows the whole journey, retries and replays included, as one trace.
+//!
+//! Configured by OpenTelemetry's standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) names the collector, and nothing is exported
+//! without one; `OTEL_SERVICE_NAME` (default: the binary's name), `OTEL_RESOURCE_ATTRIBUTES`,
+//! `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_SCHEDULE_DELAY` and the rest are the SDK's own.
+//!
+//! Exporting never slows or fails a call: finished spans go to the SDK's batch processor,
+//! which sends them from a thread of its own and drops them when its queue is full or the
+//! collector is away. A process that stops normally sends what is queued ([`Exporter::stop`]).
+
+use std::{borrow::Cow, sync::OnceLock, time::SystemTime};
+
+use anyhow::Context as _;
+use opentelemetry::{
+    InstrumentationScope, KeyValue,
+    trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
+};
+use opentelemetry_sdk::{
+    Resource,
+    trace::{BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor as _},
+};
+
+use crate::trace::TraceContext;
+
+/// The variables that name a collector; with neither set, nothing is exported.
+const ENDPOINT_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
+/// The processor finished spans go to, once [`start`] has set one up.
+static PROCESSOR: OnceLock<BatchSpanProcessor> = OnceLock::new();
+
+/// Sets up the export when a collector is named, for the process `service` (its
+/// `service.name` unless `OTEL_SERVICE_NAME` gives one). Call once, inside the Tokio
+/// runtime (the exporter's connection runs on it), and keep what it returns.
+pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
+    let named = ENDPOINT_VARIABLES
+        .iter()
+        .any(|variable| std::env::var_os(variable).is_some_and(|value| !value.is_empty()));
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    if !named || disabled || PROCESSOR.get().is_some() {
+        return Ok(Exporter { exporting: false });
+    }
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()
+        .context("cannot set up the OTLP span exporter (see OTEL_EXPORTER_OTLP_ENDPOINT)")?;
+    let mut processor = BatchSpanProcessor::builder(exporter).build();
+    let mut resource = Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service);
+    }
+    processor.set_resource(&resource.build());
+    let exporting = PROCESSOR.set(processor).is_ok();
+    Ok(Exporter { exporting })
+}
+
+/// The export [`start`] set up, if any.
+#[must_use = "stop it when the process ends, or the last spans are lost"]
+pub struct Exporter {
+    exporting: bool,
+}
+
+impl Exporter {
+    /// Sends the spans still queued and stops the export (at most a few seconds when the
+    /// collector does not answer). The processor's thread waits on a connection that runs
+    /// on this runtime, so it is waited for off the runtime's thread.
+    pub async fn stop(self) {
+        if !self.exporting {
+            return;
+        }
+        let stopped = tokio::task::spawn_blocking(|| PROCESSOR.get().map(|p| p.shutdown())).await;
+        if let Ok(Some(Err(err))) = stopped {
+            tracing::warn!(error = %err, "spans still queued for the collector were not sent");
+        }
+    }
+}
+
+/// One hop of a trace, exported when it ends: [`ExportedSpan::end`] with the gRPC code it
+/// ended with, or dropped (ended without a status). A no-op when nothing is exported or
+/// the trace is not sampled.
+#[must_use = "a span is exported when it ends"]
+pub struct ExportedSpan(Option<Box<Open>>);
+
+struct Open {
+    trace: TraceContext,
+    name: Cow<'static, str>,
+    kind: SpanKind,
+    start: SystemTime,
+    attributes: Vec<KeyValue>,
+    status: Status,
+}
+
+impl ExportedSpan {
+    /// A hop that serves a call: `service/method` (`student.v1.StudentService/CreateStudent`).
+    pub fn server(trace: TraceContext, service: &'static str, method: &'static str) -> Self {
+        Self::start(trace, SpanKind::Server, service, method)
+    }
+
+    /// A hop that calls another process's `service/method`.
+    pub fn client(trace: TraceContext, service: &'static str, method: &'static str) -> Self {
+        Self::start(trace, SpanKind::Client, service, method)
+    }
+
+    fn start(
+        trace: TraceContext,
+        kind: SpanKind,
+        service: &'static str,
+        method: &'static str,
+    ) -> Self {
+        if PROCESSOR.get().is_none() || !trace.is_sampled() {
+            return Self(None);
+        }
+        Self(Some(Box::new(Open {
+            trace,
+            name: format!("{service}/{method}").into(),
+            kind,
+            start: SystemTime::now(),
+            attributes: vec![
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", service),
+                KeyValue::new("rpc.method", method),
+            ],
+            status: Status::Unset,
+        })))
+    }
+
+    /// Adds an attribute (never personal data: ids, counts, outcomes).
+    pub fn set(&mut self, key: &'static str, value: impl Into<opentelemetry::Value>) {
+        if let Some(open) = &mut self.0 {
+            open.attributes.push(KeyValue::new(key, value));
+        }
+    }
+
+    /// Ends the span with the gRPC code its call ended with. As OpenTelemetry's gRPC
+    /// conventions say, a client span is an error for every code but `OK`, and a server
+    /// span only for the codes that mean the server failed (a refused request is the
+    /// caller's error, not the server's).
+    pub fn end(mut self, code: tonic::Code, message: &str) {
+        if let Some(open) = &mut self.0 {
+            open.attributes
+                .push(KeyValue::new("rpc.grpc.status_code", code as i64));
+            let failed = match open.kind {
+                SpanKind::Server => matches!(
+                    code,
+                    tonic::Code::Unknown
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Unimplemented
+                        | tonic::Code::Internal
+                        | tonic::Code::Unavailable
+                        | tonic::Code::DataLoss
+                ),
+                _ => code != tonic::Code::Ok,
+            };
+            if failed {
+                open.status = Status::error(message.to_owned());
+            }
+        }
+    }
+
+    /// Ends the span as failed, for `reason`. (A span dropped without [`ExportedSpan::end`]
+    /// or this ends without a status: done, as far as it knows.)
+    pub fn fail(mut self, reason: &str) {
+        if let Some(open) = &mut self.0 {
+            open.status = Status::error(reason.to_owned());
+        }
+    }
+
+    /// Ends the span with a call's result, and passes the result on.
+    pub fn ended<T>(self, result: Result<T, tonic::Status>) -> Result<T, tonic::Status> {
+        match &result {
+            Ok(_) => self.end(tonic::Code::Ok, ""),
+            Err(status) => self.end(status.code(), status.message()),
+        }
+        result
+    }
+}
+
+impl Drop for ExportedSpan {
+    fn drop(&mut self) {
+        let (Some(open), Some(processor)) = (self.0.take(), PROCESSOR.get()) else {
+            return;
+        };
+        let Open {
+            trace,
+            name,
+            kind,
+            start,
+            attributes,
+            status,
+        } = *open;
+        processor.on_end(SpanData {
+            span_context: SpanContext::new(
+                TraceId::from(trace.trace_id_value()),
+                SpanId::from(trace.span_id()),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: trace.parent_span_id().map_or(SpanId::INVALID, SpanId::from),
+            // Every parent is another process's span (a caller's, or the Student call that
+            // stored the outbox row), never one of this process's.
+            parent_span_is_remote: trace.parent_span_id().is_some(),
+            span_kind: kind,
+            name,
+            start_time: start,
+            end_time: SystemTime::now(),
+            attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status,
+            instrumentation_scope: scope().clone(),
+        });
+    }
+}
+
+fn scope() -> &'static InstrumentationScope {
+    static SCOPE: OnceLock<InstrumentationScope> = OnceLock::new();
+    SCOPE.get_or_init(|| {
+        InstrumentationScope::builder("student-users-outbox")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build()
+    })
+}
