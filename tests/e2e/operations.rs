@@ -8,6 +8,7 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use devstack::{Process, wait_until_serving};
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use proto::student::v1::{UserLinkStatus, student_service_client::StudentServiceClient};
 
 use nix::sys::signal::Signal;
@@ -56,6 +57,7 @@ on_both_backends!(
     purge_leaves_a_row_in_flight_to_be_delivered_once,
     one_trace_id_follows_a_student_through_the_three_processes,
     each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector,
+    the_direct_flows_call_to_users_is_a_span_of_the_callers_trace,
     the_direct_flow_carries_the_callers_trace_to_users,
     rows_sent_together_are_each_judged_under_their_own_trace,
 );
@@ -1626,58 +1628,20 @@ fn with_trace<T>(message: T, trace_id: &str) -> tonic::Request<T> {
 /// delivery of the row (a client span, `linked`), and Users' execution of it; nothing else
 /// is in the trace. Three students, each under a trace of its own, wait for the relay, so
 /// it sends them in one CreateUsers call (a span of its own) and each item is a CreateUser
-/// span of its student's trace; then a rename under a fourth trace is UpdateStudent, the
-/// relay's UpdateUser delivery and Users' UpdateUser. The binaries wait an hour between
-/// batches here, so the spans reach the collector only because each one sends what it has
-/// queued when it stops (SIGTERM).
+/// span of its student's trace; a rename under a fourth trace is UpdateStudent, the relay's
+/// UpdateUser delivery and Users' UpdateUser; `relay replay` of the second student adds a
+/// client span of the replay, and Users' answer from its inbox, to that student's trace.
+/// The binaries wait an hour between batches here, so the spans reach the collector only
+/// because each one sends what it has queued when it stops (SIGTERM, or the replay's end).
 async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(backend: Backend) {
-    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-
-    const CALLER_SPAN: &str = "00f067aa0ba902b7";
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
     };
     let collector = Collector::start().await;
-    let env = [
-        ("RUST_LOG", "info"),
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint().as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "3600000"),
-    ]
-    .map(|(name, value)| (name.to_owned(), value.to_owned()));
-    let start = |binary: &str, args: &[&str]| {
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let log = dbs.dir.path().join(format!("{binary}.log"));
-        Process::spawn_isolated(&binaries().join(binary), &args, &env, &log)
-            .unwrap_or_else(|err| panic!("start {binary}: {err:#}"))
-    };
-    let serving = async |process: &mut Process, service: &str| {
-        let addr = process
-            .listening_addr(Duration::from_secs(30))
-            .expect("listening");
-        wait_until_serving(addr, service, Duration::from_secs(30))
-            .await
-            .expect("serving");
-        addr
-    };
-    let mut users = start(
-        "users-svc",
-        &["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url],
-    );
-    let users_addr = serving(&mut users, "users.v1.UsersService").await;
-    let mut student = start(
-        "student-svc",
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &dbs.student_url,
-        ],
-    );
-    let student_addr = serving(&mut student, "student.v1.StudentService").await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{student_addr}"))
-        .expect("endpoint")
-        .connect_lazy();
-    let client = StudentServiceClient::new(channel);
+    let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
+    let client = student_client(serving(&mut student).await);
     let mut traces = Vec::new();
     for n in 0..3 {
         let trace_id = new_trace_id();
@@ -1690,16 +1654,11 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
             .id;
         traces.push((trace_id, id));
     }
-    let users_url = format!("http://{users_addr}");
-    let mut relay = start(
+    let mut relay = start_exporting(
+        &dbs,
+        &collector,
         "relay",
-        &[
-            "--database-url",
-            &dbs.student_url,
-            "--users-url",
-            &users_url,
-            "run",
-        ],
+        &["--users-url", &users_url, "run"],
     );
     for (_, id) in &traces {
         eventually("the student linked", LINK_DEADLINE, || {
@@ -1716,11 +1675,10 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         .await;
     }
     let change_trace_id = new_trace_id();
-    let renamed = traces[0].1.clone();
     let current = client
         .clone()
         .get_student(proto::student::v1::GetStudentRequest {
-            id: renamed.clone(),
+            id: traces[0].1.clone(),
         })
         .await
         .expect("found")
@@ -1729,7 +1687,7 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         .clone()
         .update_student(with_trace(
             proto::student::v1::UpdateStudentRequest {
-                id: renamed.clone(),
+                id: current.id.clone(),
                 first_name: "Renamed".into(),
                 last_name: current.last_name,
                 email: current.email,
@@ -1748,13 +1706,25 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         (user.first_name == "Renamed").then_some(())
     })
     .await;
+    let mut replay = start_exporting(
+        &dbs,
+        &collector,
+        "relay",
+        &[
+            "--users-url",
+            &users_url,
+            "replay",
+            "--student",
+            &traces[1].1,
+        ],
+    );
+    let replayed = replay
+        .wait_timeout(Duration::from_secs(30))
+        .expect("wait")
+        .expect("the replay ends");
+    assert!(replayed.success(), "{replayed}");
     for process in [&mut relay, &mut student, &mut users] {
-        process.signal(Signal::SIGTERM).expect("SIGTERM");
-        let status = process
-            .wait_timeout(Duration::from_secs(30))
-            .expect("wait")
-            .unwrap_or_else(|| panic!("{} stops", process.name()));
-        assert!(status.success(), "{}: {status}", process.name());
+        stop(process);
     }
 
     let batches: Vec<ReceivedSpan> = collector
@@ -1768,40 +1738,174 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         .iter()
         .map(|(trace_id, _)| (trace_id, "CreateStudent", "CreateUser"))
         .chain([(&change_trace_id, "UpdateStudent", "UpdateUser")]);
-    for (trace_id, student_method, users_method) in journeys {
-        let spans = collector.spans_of(trace_id);
-        let only = |service: &str, kind: SpanKind| {
-            let found: Vec<&ReceivedSpan> = spans
-                .iter()
-                .filter(|received| received.service == service && received.span.kind == kind as i32)
-                .collect();
-            assert_eq!(found.len(), 1, "one {kind:?} span of {service}: {spans:#?}");
-            found[0].clone()
-        };
-        let call = only("student-svc", SpanKind::Server);
+    for (n, (trace_id, student_method, users_method)) in journeys.enumerate() {
+        let spans = Spans(collector.spans_of(trace_id));
+        let call = spans.only("student-svc", SpanKind::Server);
         assert_eq!(
             call.span.name,
             format!("student.v1.StudentService/{student_method}")
         );
         assert_eq!(hex(&call.span.parent_span_id), CALLER_SPAN);
-        let delivery = only("relay", SpanKind::Client);
         let users_method = format!("users.v1.UsersService/{users_method}");
-        assert_eq!(delivery.span.name, users_method);
-        assert_eq!(delivery.span.parent_span_id, call.span.span_id);
+        // The second student's trace holds its replay too: a delivery and an execution more.
+        let sends = if n == 1 { 2 } else { 1 };
+        let deliveries = spans.all("relay", SpanKind::Client, sends);
+        let executions = spans.all("users-svc", SpanKind::Server, sends);
+        for (delivery, execution) in deliveries.iter().zip(&executions) {
+            assert_eq!(delivery.span.name, users_method);
+            assert_eq!(delivery.span.parent_span_id, call.span.span_id);
+            assert_eq!(execution.span.name, users_method);
+            assert_eq!(execution.span.parent_span_id, delivery.span.span_id);
+        }
+        // The relay's delivery says what became of the row; the replay changes no row.
+        let outcomes: Vec<Option<String>> = deliveries
+            .iter()
+            .map(|delivery| delivery.attribute("outbox.outcome"))
+            .collect();
+        let linked = Some("linked".to_owned());
+        let expected = if n == 1 {
+            vec![linked, None]
+        } else {
+            vec![linked]
+        };
+        assert_eq!(outcomes, expected);
+        assert_eq!(spans.0.len(), 1 + 2 * sends, "nothing else: {:#?}", spans.0);
+    }
+}
+
+/// README ("Following one student"): the baseline's CreateStudent (`--link-mode direct`)
+/// is a server span of the caller's trace, its call to Users a client span under it, and
+/// Users' CreateUser a server span under that.
+async fn the_direct_flows_call_to_users_is_a_span_of_the_callers_trace(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let mut student = start_exporting(
+        &dbs,
+        &collector,
+        "student-svc",
+        &["--link-mode", "direct", "--users-url", &users_url],
+    );
+    let trace_id = new_trace_id();
+    student_client(serving(&mut student).await)
+        .create_student(with_trace(student_request(0), &trace_id))
+        .await
+        .expect("created");
+    for process in [&mut student, &mut users] {
+        stop(process);
+    }
+
+    let spans = Spans(collector.spans_of(&trace_id));
+    let call = spans.only("student-svc", SpanKind::Server);
+    assert_eq!(call.span.name, "student.v1.StudentService/CreateStudent");
+    assert_eq!(hex(&call.span.parent_span_id), CALLER_SPAN);
+    let to_users = spans.only("student-svc", SpanKind::Client);
+    assert_eq!(to_users.span.name, "users.v1.UsersService/CreateUser");
+    assert_eq!(to_users.span.parent_span_id, call.span.span_id);
+    let execution = spans.only("users-svc", SpanKind::Server);
+    assert_eq!(execution.span.name, "users.v1.UsersService/CreateUser");
+    assert_eq!(execution.span.parent_span_id, to_users.span.span_id);
+    assert_eq!(spans.0.len(), 3, "nothing else: {:#?}", spans.0);
+}
+
+/// The span id of the caller `with_trace` makes every request come from.
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// Starts `binary` on the test's databases (a service on port 0), exporting its spans to
+/// `collector` with an hour between batches: they arrive when it stops.
+fn start_exporting(
+    dbs: &TestDatabases,
+    collector: &Collector,
+    binary: &str,
+    args: &[&str],
+) -> Process {
+    let env = [
+        ("RUST_LOG", "info"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint().as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "3600000"),
+    ]
+    .map(|(name, value)| (name.to_owned(), value.to_owned()));
+    let (url, listen): (&str, &[&str]) = match binary {
+        "users-svc" => (&dbs.users_url, &["--listen", "127.0.0.1:0"]),
+        "student-svc" => (&dbs.student_url, &["--listen", "127.0.0.1:0"]),
+        _ => (&dbs.student_url, &[]),
+    };
+    let args: Vec<String> = listen
+        .iter()
+        .chain(&["--database-url", url])
+        .chain(args)
+        .map(|a| (*a).to_owned())
+        .collect();
+    let log = dbs.dir.path().join(format!("{binary}.log"));
+    Process::spawn_isolated(&binaries().join(binary), &args, &env, &log)
+        .unwrap_or_else(|err| panic!("start {binary}: {err:#}"))
+}
+
+/// Waits until the service `process` runs serves; its address.
+async fn serving(process: &mut Process) -> std::net::SocketAddr {
+    let service = match process.name() {
+        "users-svc" => "users.v1.UsersService",
+        _ => "student.v1.StudentService",
+    };
+    let addr = process
+        .listening_addr(Duration::from_secs(30))
+        .expect("listening");
+    wait_until_serving(addr, service, Duration::from_secs(30))
+        .await
+        .expect("serving");
+    addr
+}
+
+fn student_client(addr: std::net::SocketAddr) -> StudentServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    StudentServiceClient::new(channel)
+}
+
+/// SIGTERM, and a clean exit.
+fn stop(process: &mut Process) {
+    process.signal(Signal::SIGTERM).expect("SIGTERM");
+    let status = process
+        .wait_timeout(Duration::from_secs(30))
+        .expect("wait")
+        .unwrap_or_else(|| panic!("{} stops", process.name()));
+    assert!(status.success(), "{}: {status}", process.name());
+}
+
+/// The spans of one trace, each checked to end after it starts.
+struct Spans(Vec<ReceivedSpan>);
+
+impl Spans {
+    /// The `count` spans of `kind` that `service` exported, oldest first.
+    fn all(&self, service: &str, kind: SpanKind, count: usize) -> Vec<ReceivedSpan> {
+        let mut found: Vec<ReceivedSpan> = self
+            .0
+            .iter()
+            .filter(|received| received.service == service && received.span.kind == kind as i32)
+            .cloned()
+            .collect();
         assert_eq!(
-            delivery.attribute("outbox.outcome").as_deref(),
-            Some("linked")
+            found.len(),
+            count,
+            "{kind:?} spans of {service}: {:#?}",
+            self.0
         );
-        let execution = only("users-svc", SpanKind::Server);
-        assert_eq!(execution.span.name, users_method);
-        assert_eq!(execution.span.parent_span_id, delivery.span.span_id);
-        assert_eq!(spans.len(), 3, "nothing else in the trace: {spans:#?}");
-        for received in &spans {
+        for received in &found {
             assert!(
                 received.span.start_time_unix_nano <= received.span.end_time_unix_nano,
                 "{received:#?}"
             );
         }
+        found.sort_by_key(|received| received.span.start_time_unix_nano);
+        found
+    }
+
+    fn only(&self, service: &str, kind: SpanKind) -> ReceivedSpan {
+        self.all(service, kind, 1).remove(0)
     }
 }
 
