@@ -19,7 +19,7 @@ use std::{borrow::Cow, sync::OnceLock, time::SystemTime};
 use anyhow::Context as _;
 use opentelemetry::{
     InstrumentationScope, KeyValue,
-    trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
+    trace::{Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
 };
 use opentelemetry_sdk::{
     Resource,
@@ -95,6 +95,7 @@ struct Open {
     kind: SpanKind,
     start: SystemTime,
     attributes: Vec<KeyValue>,
+    links: Vec<TraceContext>,
     status: Status,
 }
 
@@ -128,6 +129,7 @@ impl ExportedSpan {
                 KeyValue::new("rpc.service", service),
                 KeyValue::new("rpc.method", method),
             ],
+            links: Vec::new(),
             status: Status::Unset,
         })))
     }
@@ -136,6 +138,14 @@ impl ExportedSpan {
     pub fn set(&mut self, key: &'static str, value: impl Into<opentelemetry::Value>) {
         if let Some(open) = &mut self.0 {
             open.attributes.push(KeyValue::new(key, value));
+        }
+    }
+
+    /// Links the span to another hop, of this trace or another: a call that carries many
+    /// rows, each in its own trace, to each row's span.
+    pub fn link(&mut self, to: TraceContext) {
+        if let Some(open) = &mut self.0 {
+            open.links.push(to);
         }
     }
 
@@ -194,16 +204,16 @@ impl Drop for ExportedSpan {
             kind,
             start,
             attributes,
+            links,
             status,
         } = *open;
+        let mut span_links = SpanLinks::default();
+        span_links.links = links
+            .into_iter()
+            .map(|to| Link::new(context_of(to), Vec::new(), 0))
+            .collect();
         processor.on_end(SpanData {
-            span_context: SpanContext::new(
-                TraceId::from(trace.trace_id_value()),
-                SpanId::from(trace.span_id()),
-                TraceFlags::SAMPLED,
-                false,
-                TraceState::default(),
-            ),
+            span_context: context_of(trace),
             parent_span_id: trace.parent_span_id().map_or(SpanId::INVALID, SpanId::from),
             // Every parent is another process's span (a caller's, or the Student call that
             // stored the outbox row), never one of this process's.
@@ -215,11 +225,22 @@ impl Drop for ExportedSpan {
             attributes,
             dropped_attributes_count: 0,
             events: SpanEvents::default(),
-            links: SpanLinks::default(),
+            links: span_links,
             status,
             instrumentation_scope: scope().clone(),
         });
     }
+}
+
+/// A hop's ids as OpenTelemetry's span context (sampled: only sampled hops are exported).
+fn context_of(trace: TraceContext) -> SpanContext {
+    SpanContext::new(
+        TraceId::from(trace.trace_id_value()),
+        SpanId::from(trace.span_id()),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::default(),
+    )
 }
 
 fn scope() -> &'static InstrumentationScope {

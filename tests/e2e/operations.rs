@@ -1627,8 +1627,8 @@ fn with_trace<T>(message: T, trace_id: &str) -> tonic::Request<T> {
 /// is the hop before it: the CreateStudent call (its parent the caller's span), the relay's
 /// delivery of the row (a client span, `linked`), and Users' execution of it; nothing else
 /// is in the trace. Three students, each under a trace of its own, wait for the relay, so
-/// it sends them in one CreateUsers call (a span of its own) and each item is a CreateUser
-/// span of its student's trace; a rename under a fourth trace is UpdateStudent, the relay's
+/// it sends them in one CreateUsers call (a span of its own, linked to each item's) and each
+/// item is a CreateUser span of its student's trace; a rename under a fourth trace is UpdateStudent, the relay's
 /// UpdateUser delivery and Users' UpdateUser; `relay replay` of the second student adds a
 /// client span of the replay, and Users' answer from its inbox, to that student's trace.
 /// The binaries wait an hour between batches here, so the spans reach the collector only
@@ -1734,6 +1734,23 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         .collect();
     assert_eq!(batches.len(), 1, "one CreateUsers call: {batches:#?}");
     assert_eq!(batches[0].service, "users-svc");
+    let mut linked: Vec<(String, String)> = batches[0]
+        .span
+        .links
+        .iter()
+        .map(|link| (hex(&link.trace_id), hex(&link.span_id)))
+        .collect();
+    let mut items: Vec<(String, String)> = traces
+        .iter()
+        .map(|(trace_id, _)| {
+            let spans = Spans(collector.spans_of(trace_id));
+            let first = spans.earliest("users-svc", SpanKind::Server);
+            (trace_id.clone(), hex(&first.span.span_id))
+        })
+        .collect();
+    linked.sort();
+    items.sort();
+    assert_eq!(linked, items, "the call's span links to each item's");
     let journeys = traces
         .iter()
         .map(|(trace_id, _)| (trace_id, "CreateStudent", "CreateUser"))
@@ -1902,6 +1919,16 @@ impl Spans {
         }
         found.sort_by_key(|received| received.span.start_time_unix_nano);
         found
+    }
+
+    /// The first span of `kind` that `service` exported.
+    fn earliest(&self, service: &str, kind: SpanKind) -> ReceivedSpan {
+        self.0
+            .iter()
+            .filter(|received| received.service == service && received.span.kind == kind as i32)
+            .min_by_key(|received| received.span.start_time_unix_nano)
+            .unwrap_or_else(|| panic!("no {kind:?} span of {service}: {:#?}", self.0))
+            .clone()
     }
 
     fn only(&self, service: &str, kind: SpanKind) -> ReceivedSpan {

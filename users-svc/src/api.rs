@@ -192,45 +192,47 @@ impl UsersService for UsersApi {
         request: Request<CreateUsersRequest>,
     ) -> Result<Response<CreateUsersResponse>, Status> {
         let call = TraceContext::continue_in_current_span(request.metadata());
-        let span = ExportedSpan::server(call, SERVICE, "CreateUsers");
-        span.ended(
-            async {
-                platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-                let replay_only = replay_only(&request);
-                let items = request.into_inner().items;
-                tracing::Span::current().record("items", items.len());
-                check_items(&items).map_err(metrics::invalid)?;
-                let items: Vec<Item> = items
-                    .into_iter()
-                    .map(|item| self.item(item, replay_only, call))
-                    .collect();
-                // Each item that carries its own trace (its outbox row's) is a CreateUser
-                // span of that trace, so each student's journey shows its execution.
-                let item_spans: Vec<_> = items
-                    .iter()
-                    .map(|item| {
-                        (item.trace != call)
-                            .then(|| ExportedSpan::server(item.trace, SERVICE, "CreateUser"))
+        let mut span = ExportedSpan::server(call, SERVICE, "CreateUsers");
+        let result = async {
+            platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+            let replay_only = replay_only(&request);
+            let items = request.into_inner().items;
+            tracing::Span::current().record("items", items.len());
+            check_items(&items).map_err(metrics::invalid)?;
+            let items: Vec<Item> = items
+                .into_iter()
+                .map(|item| self.item(item, replay_only, call))
+                .collect();
+            // Each item that carries its own trace (its outbox row's) is a CreateUser
+            // span of that trace, so each student's journey shows its execution; the
+            // call's span links to each.
+            let item_spans: Vec<_> = items
+                .iter()
+                .map(|item| {
+                    (item.trace != call).then(|| {
+                        span.link(item.trace);
+                        ExportedSpan::server(item.trace, SERVICE, "CreateUser")
                     })
-                    .collect();
-                let answers = create_users::create_users(&self.db, &self.answers, items).await?;
-                let results = answers
-                    .into_iter()
-                    .zip(item_spans)
-                    .map(|(answer, span)| {
-                        // Counted as what each item is: a CreateUser request.
-                        metrics::inbox_request("CreateUser", &answer);
-                        let result = item_result(answer);
-                        if let Some(span) = span {
-                            end_item_span(span, &result);
-                        }
-                        result
-                    })
-                    .collect();
-                Ok(Response::new(CreateUsersResponse { results }))
-            }
-            .await,
-        )
+                })
+                .collect();
+            let answers = create_users::create_users(&self.db, &self.answers, items).await?;
+            let results = answers
+                .into_iter()
+                .zip(item_spans)
+                .map(|(answer, span)| {
+                    // Counted as what each item is: a CreateUser request.
+                    metrics::inbox_request("CreateUser", &answer);
+                    let result = item_result(answer);
+                    if let Some(span) = span {
+                        end_item_span(span, &result);
+                    }
+                    result
+                })
+                .collect();
+            Ok(Response::new(CreateUsersResponse { results }))
+        }
+        .await;
+        span.ended(result)
     }
 
     #[tracing::instrument(name = "UpdateUser", skip_all, fields(trace_id))]
