@@ -7,8 +7,10 @@
 //!
 //! Configured by OpenTelemetry's standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) names the collector, and nothing is exported
-//! without one; `OTEL_SERVICE_NAME` (default: the binary's name), `OTEL_RESOURCE_ATTRIBUTES`,
-//! `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_SCHEDULE_DELAY` and the rest are the SDK's own.
+//! without one; an `https://` one is trusted through the system's roots, or the CA file
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or `..._TRACES_CERTIFICATE`) names. `OTEL_SERVICE_NAME`
+//! (default: the binary's name), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_HEADERS`,
+//! `OTEL_BSP_SCHEDULE_DELAY` and the rest are the SDK's own.
 //!
 //! Exporting never slows or fails a call: finished spans go to the SDK's batch processor,
 //! which sends them from a thread of its own and drops them when its queue is full or the
@@ -21,6 +23,7 @@ use opentelemetry::{
     InstrumentationScope, KeyValue,
     trace::{Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
 };
+use opentelemetry_otlp::WithTonicConfig as _;
 use opentelemetry_sdk::{
     Resource,
     trace::{BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor as _},
@@ -28,38 +31,76 @@ use opentelemetry_sdk::{
 
 use crate::trace::TraceContext;
 
-/// The variables that name a collector; with neither set, nothing is exported.
+/// The variables that name a collector, the first set wins; with neither, nothing is
+/// exported.
 const ENDPOINT_VARIABLES: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
+/// The variables that name a PEM file of CA certificates to trust for an `https://`
+/// collector, the first set wins; with neither, the system's roots.
+const CERTIFICATE_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
 ];
 
 /// The processor finished spans go to, once [`start`] has set one up.
 static PROCESSOR: OnceLock<BatchSpanProcessor> = OnceLock::new();
 
 /// Sets up the export when a collector is named, for the process `service` (its
-/// `service.name` unless `OTEL_SERVICE_NAME` gives one). Call once, inside the Tokio
+/// `service.name` unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` gives one). Call once, inside the Tokio
 /// runtime (the exporter's connection runs on it), and keep what it returns.
 pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
-    let named = ENDPOINT_VARIABLES
-        .iter()
-        .any(|variable| std::env::var_os(variable).is_some_and(|value| !value.is_empty()));
     let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
-    if !named || disabled || PROCESSOR.get().is_some() {
+    let Some(endpoint) = first_set(&ENDPOINT_VARIABLES) else {
+        return Ok(Exporter { exporting: false });
+    };
+    if disabled || PROCESSOR.get().is_some() {
         return Ok(Exporter { exporting: false });
     }
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+    if endpoint.starts_with("https://") {
+        exporter = exporter.with_tls_config(collector_tls()?);
+    }
+    let exporter = exporter
         .build()
         .context("cannot set up the OTLP span exporter (see OTEL_EXPORTER_OTLP_ENDPOINT)")?;
     let mut processor = BatchSpanProcessor::builder(exporter).build();
-    let mut resource = Resource::builder();
-    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
-        resource = resource.with_service_name(service);
+    // The SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; neither naming the
+    // service, it is called `unknown_service`: then the binary's name.
+    let mut resource = Resource::builder().build();
+    let named = resource
+        .get(&opentelemetry::Key::new("service.name"))
+        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
+    if !named {
+        resource = Resource::builder().with_service_name(service).build();
     }
-    processor.set_resource(&resource.build());
+    processor.set_resource(&resource);
     let exporting = PROCESSOR.set(processor).is_ok();
     Ok(Exporter { exporting })
+}
+
+/// The value of the first of `variables` that is set and not empty.
+fn first_set(variables: &[&str]) -> Option<String> {
+    variables.iter().find_map(|variable| {
+        std::env::var(variable)
+            .ok()
+            .filter(|value| !value.is_empty())
+    })
+}
+
+/// What an `https://` collector is trusted through: the CA file named, or the system's roots.
+fn collector_tls() -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    let tls = tonic::transport::ClientTlsConfig::new();
+    Ok(match first_set(&CERTIFICATE_VARIABLES) {
+        Some(path) => {
+            let pem = std::fs::read(&path)
+                .with_context(|| format!("cannot read the collector's CA certificate {path}"))?;
+            tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        }
+        None => tls.with_native_roots(),
+    })
 }
 
 /// The export [`start`] set up, if any.
@@ -93,6 +134,9 @@ struct Open {
     trace: TraceContext,
     name: Cow<'static, str>,
     kind: SpanKind,
+    /// Whether the parent is another process's span (a caller's, or the Student call that
+    /// stored an outbox row) rather than one of this process's.
+    remote_parent: bool,
     start: SystemTime,
     attributes: Vec<KeyValue>,
     links: Vec<TraceContext>,
@@ -102,17 +146,29 @@ struct Open {
 impl ExportedSpan {
     /// A hop that serves a call: `service/method` (`student.v1.StudentService/CreateStudent`).
     pub fn server(trace: TraceContext, service: &'static str, method: &'static str) -> Self {
-        Self::start(trace, SpanKind::Server, service, method)
+        Self::start(trace, SpanKind::Server, true, service, method)
     }
 
-    /// A hop that calls another process's `service/method`.
+    /// A hop that calls another process's `service/method` on behalf of another process's
+    /// span: the relay delivering a row the Student call stored.
     pub fn client(trace: TraceContext, service: &'static str, method: &'static str) -> Self {
-        Self::start(trace, SpanKind::Client, service, method)
+        Self::start(trace, SpanKind::Client, true, service, method)
+    }
+
+    /// A hop that calls another process's `service/method` from within this process's own
+    /// span (the parent): the direct flow's CreateStudent calling Users.
+    pub fn client_of_this_call(
+        trace: TraceContext,
+        service: &'static str,
+        method: &'static str,
+    ) -> Self {
+        Self::start(trace, SpanKind::Client, false, service, method)
     }
 
     fn start(
         trace: TraceContext,
         kind: SpanKind,
+        remote_parent: bool,
         service: &'static str,
         method: &'static str,
     ) -> Self {
@@ -123,6 +179,7 @@ impl ExportedSpan {
             trace,
             name: format!("{service}/{method}").into(),
             kind,
+            remote_parent,
             start: SystemTime::now(),
             attributes: vec![
                 KeyValue::new("rpc.system", "grpc"),
@@ -202,6 +259,7 @@ impl Drop for ExportedSpan {
             trace,
             name,
             kind,
+            remote_parent,
             start,
             attributes,
             links,
@@ -215,9 +273,7 @@ impl Drop for ExportedSpan {
         processor.on_end(SpanData {
             span_context: context_of(trace),
             parent_span_id: trace.parent_span_id().map_or(SpanId::INVALID, SpanId::from),
-            // Every parent is another process's span (a caller's, or the Student call that
-            // stored the outbox row), never one of this process's.
-            parent_span_is_remote: trace.parent_span_id().is_some(),
+            parent_span_is_remote: remote_parent && trace.parent_span_id().is_some(),
             span_kind: kind,
             name,
             start_time: start,

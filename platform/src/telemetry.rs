@@ -12,9 +12,10 @@
 //! would stop every call. Here the lines wait in a bounded queue instead; when it is full
 //! new lines are dropped and counted (`log_lines_dropped_total`), and the service goes on
 //! answering. What is still queued is written when the process ends normally; a crash
-//! (SIGKILL, an abort) loses the lines not yet written, a few milliseconds' worth.
+//! (SIGKILL, an abort) loses the lines not yet written: a few milliseconds' worth, or the
+//! whole queue if the reader had stalled.
 
-use std::{fmt, io::IsTerminal as _, sync::OnceLock};
+use std::{fmt, io::IsTerminal as _, sync::OnceLock, time::Duration};
 
 use serde_json::{Map, Value};
 use tracing::{
@@ -57,11 +58,35 @@ const QUEUED_LINES: usize = 10_000;
 static DROPPED_LINES: OnceLock<ErrorCounter> = OnceLock::new();
 
 /// The thread that writes the log. Keep it for as long as the process logs: dropping it
-/// writes out the queued lines (waiting at most about a second for a stalled reader) and
-/// stops the thread.
+/// writes out the queued lines and stops the thread, waiting at most [`FINAL_WRITE`].
 #[must_use = "dropping it stops the log writer"]
 pub struct LogWriter {
-    _worker: WorkerGuard,
+    worker: Option<WorkerGuard>,
+}
+
+/// How long a process that ends waits for its queued lines to be written.
+const FINAL_WRITE: Duration = Duration::from_millis(1200);
+
+impl Drop for LogWriter {
+    /// The writer's own guard waits about a second for a stalled reader, then reports that
+    /// on stdout, where it would block for good if stdout is that same stalled pipe. So the
+    /// guard is dropped on a thread of its own, and the process stops waiting for it after
+    /// [`FINAL_WRITE`] whatever it does.
+    fn drop(&mut self) {
+        let Some(worker) = self.worker.take() else {
+            return;
+        };
+        let (done, finished) = std::sync::mpsc::channel();
+        let stopping = std::thread::Builder::new()
+            .name("log-writer-stop".into())
+            .spawn(move || {
+                drop(worker);
+                let _ = done.send(());
+            });
+        if stopping.is_ok() {
+            let _ = finished.recv_timeout(FINAL_WRITE);
+        }
+    }
 }
 
 /// Installs the global subscriber; call once, first thing in `main` after parsing flags,
@@ -87,7 +112,9 @@ pub fn init(format: LogFormat) -> LogWriter {
         .with(trace_ids)
         .with(lines)
         .init();
-    LogWriter { _worker: worker }
+    LogWriter {
+        worker: Some(worker),
+    }
 }
 
 /// Log lines dropped so far because the writer's queue was full (its reader was not

@@ -112,6 +112,10 @@ impl Relay {
                     tracing::warn!(code = ?status.code(), rows = creations.len(), "Users refused a CreateUsers call as a whole; sending its rows one call each");
                 }
                 drop(items);
+                // Each row's span ends with the refusal; sent again alone, it gets another.
+                for span in spans {
+                    span.fail(status.message());
+                }
                 let rows = creations.into_iter().map(|(row, _)| row).collect();
                 return self.send_each(rows, lease_ends).await;
             }

@@ -100,7 +100,7 @@ impl DirectUsers {
         let call = trace.child();
         call.inject(request.metadata_mut());
         request.set_timeout(self.timeout);
-        let span = ExportedSpan::client(call, "users.v1.UsersService", "CreateUser");
+        let span = ExportedSpan::client_of_this_call(call, "users.v1.UsersService", "CreateUser");
         let response = span.ended(self.client.clone().create_user(request).await)?;
         Uuid::try_parse(&response.into_inner().user_id)
             .map_err(|_| Status::internal("Users returned a malformed user_id"))

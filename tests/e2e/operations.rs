@@ -29,6 +29,7 @@ use crate::{
     on_both_backends,
     support::{
         Backend, TestDatabases,
+        certs::TestPki,
         collector::{Collector, ReceivedSpan, hex},
         conflicting_user_request, eventually, insert_unlinked_students, insert_users_of_no_student,
         invariants::{
@@ -58,6 +59,8 @@ on_both_backends!(
     one_trace_id_follows_a_student_through_the_three_processes,
     each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector,
     the_direct_flows_call_to_users_is_a_span_of_the_callers_trace,
+    spans_reach_an_https_collector_trusted_through_the_ca_file_named,
+    a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
     the_direct_flow_carries_the_callers_trace_to_users,
     rows_sent_together_are_each_judged_under_their_own_trace,
 );
@@ -1822,10 +1825,129 @@ async fn the_direct_flows_call_to_users_is_a_span_of_the_callers_trace(backend: 
     let to_users = spans.only("student-svc", SpanKind::Client);
     assert_eq!(to_users.span.name, "users.v1.UsersService/CreateUser");
     assert_eq!(to_users.span.parent_span_id, call.span.span_id);
+    // OTLP's span flags: whether the parent is known to be another process's (0x100), and
+    // is (0x200). The call's parent is the caller's; the call to Users' is the call's own.
+    assert_eq!(call.span.flags & 0x300, 0x300, "{call:#?}");
+    assert_eq!(to_users.span.flags & 0x300, 0x100, "{to_users:#?}");
     let execution = spans.only("users-svc", SpanKind::Server);
     assert_eq!(execution.span.name, "users.v1.UsersService/CreateUser");
     assert_eq!(execution.span.parent_span_id, to_users.span.span_id);
     assert_eq!(spans.0.len(), 3, "nothing else: {:#?}", spans.0);
+}
+
+/// README ("Following one student"): an `https://` collector is trusted through the CA file
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` names. users-svc exporting to a collector whose CA is
+/// not among the system's roots sends nothing it would accept; given the CA, its call's
+/// span arrives, under the service name `OTEL_RESOURCE_ATTRIBUTES` gives.
+async fn spans_reach_an_https_collector_trusted_through_the_ca_file_named(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let pki = TestPki::new();
+    let (ca, _, _) = pki.write_to(dbs.dir.path());
+    let collector = Collector::start_tls(pki.identity()).await;
+    let ca = ca.to_string_lossy();
+    for trusted in [false, true] {
+        let env: &[(&str, &str)] = if trusted {
+            &[
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca),
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    "service.name=users-eu-1,deployment.environment=test",
+                ),
+            ]
+        } else {
+            &[]
+        };
+        let mut users = start_exporting_with(&dbs, &collector, env, "users-svc", &[]);
+        let addr = serving(&mut users).await;
+        let trace_id = new_trace_id();
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_lazy();
+        proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+            .create_user(with_trace(
+                conflicting_user_request(usize::from(trusted)),
+                &trace_id,
+            ))
+            .await
+            .expect("created");
+        stop(&mut users);
+        let spans = Spans(collector.spans_of(&trace_id));
+        if trusted {
+            let call = spans.only("users-eu-1", SpanKind::Server);
+            assert_eq!(call.span.name, "users.v1.UsersService/CreateUser");
+        } else {
+            assert!(
+                spans.0.is_empty(),
+                "an untrusted collector got {:#?}",
+                spans.0
+            );
+        }
+    }
+}
+
+/// README ("Following one student"): a collector endpoint or CA file the exporter cannot
+/// use stops the binary at start, naming it; the relay's one-shot commands exit 2.
+async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let missing = dbs.dir.path().join("missing-ca.pem");
+    let missing = missing.to_string_lossy();
+    // What is wrong, the variables that say it, and what the error must name.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 2] = [
+        (
+            "a CA file that is not there",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", &missing),
+            ],
+            "missing-ca.pem",
+        ),
+        (
+            "an endpoint that is no URL",
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")],
+            "not a url",
+        ),
+    ];
+    for (case, env, named) in cases {
+        for (binary, args, exit) in [
+            (
+                "users-svc",
+                &["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url][..],
+                1,
+            ),
+            (
+                "relay",
+                &["--database-url", &dbs.student_url, "status"][..],
+                2,
+            ),
+        ] {
+            let child = tokio::process::Command::new(binaries().join(binary))
+                .args(args)
+                .env_clear()
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .envs(env.iter().copied())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("run");
+            let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+                .await
+                .unwrap_or_else(|_| panic!("{binary}, {case}: still running after 30 s"))
+                .expect("its output");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(exit),
+                "{binary}, {case}: {stderr}"
+            );
+            assert!(stderr.contains(named), "{binary}, {case}: {stderr}");
+        }
+    }
 }
 
 /// The span id of the caller `with_trace` makes every request come from.
@@ -1839,12 +1961,27 @@ fn start_exporting(
     binary: &str,
     args: &[&str],
 ) -> Process {
-    let env = [
+    start_exporting_with(dbs, collector, &[], binary, args)
+}
+
+/// [`start_exporting`] with the variables `env` too.
+fn start_exporting_with(
+    dbs: &TestDatabases,
+    collector: &Collector,
+    env: &[(&str, &str)],
+    binary: &str,
+    args: &[&str],
+) -> Process {
+    let endpoint = collector.endpoint();
+    let env: Vec<(String, String)> = [
         ("RUST_LOG", "info"),
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint().as_str()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "3600000"),
     ]
-    .map(|(name, value)| (name.to_owned(), value.to_owned()));
+    .iter()
+    .chain(env)
+    .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+    .collect();
     let (url, listen): (&str, &[&str]) = match binary {
         "users-svc" => (&dbs.users_url, &["--listen", "127.0.0.1:0"]),
         "student-svc" => (&dbs.student_url, &["--listen", "127.0.0.1:0"]),

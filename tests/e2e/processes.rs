@@ -371,23 +371,33 @@ async fn rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_l
     }
 }
 
-/// The names of a process's threads, without sqlx's SQLite connection threads (each
-/// SQLite connection runs on a thread of its own, outside the runtime).
 /// README ("Logs"): a service's log lines are written by a thread of their own, so a
 /// reader of stderr that stops reading (a stalled log shipper: the pipe fills) stops no
 /// call. users-svc logs at `trace` into a pipe this test reads only up to the `addr=`
 /// line; 300 CreateUser calls (tens of thousands of lines: more than the pipe and the
 /// writer's queue hold) each answer within 10 s, every user is stored, the lines that did
-/// not fit are counted in `log_lines_dropped_total`, and SIGTERM still stops it cleanly.
-/// With the lines written by the code that logs, the first call past a full pipe never
-/// answers.
+/// not fit are counted in `log_lines_dropped_total`, and SIGTERM still stops it cleanly
+/// and soon, though its stdout is that same full pipe (where the log writer's own guard,
+/// dropped inline, would report its timeout and block for good). With the lines written
+/// by the code that logs, the first call past a full pipe never answers.
 async fn a_log_reader_that_stops_reading_stops_no_service(backend: Backend) {
-    use tokio::io::{AsyncBufReadExt as _, BufReader};
+    use std::io::BufRead as _;
 
     const CALLS: usize = 300;
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
     };
+    // stdout and stderr into one pipe, as a container runtime or journald takes both.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    // A second way into the pipe, opened anew so that its flags (non-blocking, below) are
+    // its own and not users-svc's.
+    let filler = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&writer)
+        ))
+        .expect("the pipe, opened again");
     let mut users = tokio::process::Command::new(binaries().join("users-svc"))
         .args(["--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
         .args(["--database-url", &dbs.users_url])
@@ -395,21 +405,20 @@ async fn a_log_reader_that_stops_reading_stops_no_service(backend: Backend) {
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("RUST_LOG", "trace")
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stdout(writer.try_clone().expect("the pipe again"))
+        .stderr(writer)
         .kill_on_drop(true)
         .spawn()
         .expect("start users-svc");
     // Read up to the `addr=` line (the `metrics_addr=` line comes first), then never again:
-    // the pipe stays open, unread.
-    let mut log = BufReader::new(users.stderr.take().expect("stderr is piped")).lines();
+    // the pipe stays open, unread, until the test ends.
+    let mut log = std::io::BufReader::new(reader).lines();
     let (mut metrics_addr, mut addr) = (None, None);
     while addr.is_none() {
         let line = log
-            .next_line()
-            .await
-            .expect("read the log")
-            .expect("users-svc exited before listening");
+            .next()
+            .expect("users-svc exited before listening")
+            .expect("read the log");
         let value_of = |key: &str| -> Option<std::net::SocketAddr> {
             let rest = &line[line.find(key)? + key.len()..];
             rest.split_whitespace().next()?.parse().ok()
@@ -446,6 +455,16 @@ async fn a_log_reader_that_stops_reading_stops_no_service(backend: Backend) {
     let dropped = sample(&scrape(metrics_addr).await, "log_lines_dropped_total", &[]);
     assert!(dropped > 0.0, "no log line dropped: the pipe never filled");
 
+    // The pipe is full, but for the last bytes of a line users-svc waits to write: this
+    // test takes those too, so that not one byte more fits when it stops.
+    nix::fcntl::fcntl(
+        &filler,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .expect("a non-blocking end");
+    let mut filler = filler;
+    while std::io::Write::write(&mut filler, b"x").is_ok() {}
+
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(users.id().expect("running")).expect("pid")),
         Signal::SIGTERM,
@@ -456,8 +475,11 @@ async fn a_log_reader_that_stops_reading_stops_no_service(backend: Backend) {
         .expect("users-svc stops within 30 s")
         .expect("wait");
     assert!(status.success(), "{status}");
+    drop(log);
 }
 
+/// The names of a process's threads, without sqlx's SQLite connection threads (each
+/// SQLite connection runs on a thread of its own, outside the runtime).
 fn threads_of(pid: u32) -> Vec<String> {
     let mut threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("the process's threads")

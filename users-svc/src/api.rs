@@ -215,7 +215,17 @@ impl UsersService for UsersApi {
                     })
                 })
                 .collect();
-            let answers = create_users::create_users(&self.db, &self.answers, items).await?;
+            let answers = match create_users::create_users(&self.db, &self.answers, items).await {
+                Ok(answers) => answers,
+                Err(err) => {
+                    // The items' shared transaction failed: each item failed with it.
+                    let status = Status::from(err);
+                    for span in item_spans.into_iter().flatten() {
+                        span.end(status.code(), status.message());
+                    }
+                    return Err(status);
+                }
+            };
             let results = answers
                 .into_iter()
                 .zip(item_spans)

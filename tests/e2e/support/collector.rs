@@ -15,7 +15,10 @@ use opentelemetry_proto::tonic::{
     trace::v1::Span,
 };
 use tokio::net::TcpListener;
-use tonic::{Request, Response, Status, transport::server::TcpIncoming};
+use tonic::{
+    Request, Response, Status,
+    transport::{Identity, ServerTlsConfig, server::TcpIncoming},
+};
 
 /// One exported span, with the `service.name` of the process that sent it.
 #[derive(Debug, Clone)]
@@ -43,6 +46,7 @@ impl ReceivedSpan {
 /// The collector; dropped, it stops serving.
 pub struct Collector {
     addr: SocketAddr,
+    tls: bool,
     received: Arc<Mutex<Vec<ReceivedSpan>>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -82,7 +86,24 @@ impl TraceService for Receiver {
 }
 
 impl Collector {
+    /// A collector over plaintext (`http://`).
     pub async fn start() -> Self {
+        Self::serve(None).await
+    }
+
+    /// A collector over TLS (`https://`), with `identity`'s certificate.
+    pub async fn start_tls(identity: Identity) -> Self {
+        Self::serve(Some(identity)).await
+    }
+
+    async fn serve(identity: Option<Identity>) -> Self {
+        let tls = identity.is_some();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(identity) = identity {
+            builder = builder
+                .tls_config(ServerTlsConfig::new().identity(identity))
+                .expect("TLS settings");
+        }
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the collector");
@@ -90,7 +111,7 @@ impl Collector {
         let received = Arc::default();
         let service = TraceServiceServer::new(Receiver(Arc::clone(&received)));
         let server = tokio::spawn(async move {
-            tonic::transport::Server::builder()
+            builder
                 .add_service(service)
                 .serve_with_incoming(TcpIncoming::from(listener))
                 .await
@@ -98,6 +119,7 @@ impl Collector {
         });
         Self {
             addr,
+            tls,
             received,
             server,
         }
@@ -105,7 +127,8 @@ impl Collector {
 
     /// What a binary's `OTEL_EXPORTER_OTLP_ENDPOINT` names to export here.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Every span received so far.
