@@ -90,6 +90,28 @@ impl UsersApi {
         }
     }
 
+    /// UpdateUser and DisableUser (`rpc`): one change of a user, as a keyed request, its
+    /// answer `reply(user_id, applied)`.
+    async fn change<T, R>(
+        &self,
+        request: Request<T>,
+        rpc: &'static str,
+        reply: impl FnOnce(Uuid, bool) -> R,
+    ) -> Result<Response<R>, Status>
+    where
+        UserChange: TryFrom<T, Error = Error>,
+    {
+        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+        let mode = self.mode(&request)?;
+        let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
+        let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
+        metrics::inbox_request(rpc, &answer);
+        let answer = answer?;
+        encode_answer(answer, |outcome| {
+            applied(outcome).map(|(user_id, applied)| reply(user_id, applied))
+        })
+    }
+
     /// Decodes one CreateUsers item: its request, the [`Mode`] of its key, its trace.
     fn item(&self, item: CreateUsersItem, replay_only: bool, call: TraceContext) -> Item {
         let trace = if item.traceparent.is_empty() {
@@ -251,24 +273,15 @@ impl UsersService for UsersApi {
         request: Request<UpdateUserRequest>,
     ) -> Result<Response<UpdateUserResponse>, Status> {
         let span = traced(&request, "UpdateUser");
-        span.ended(
-            async {
-                platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-                let mode = self.mode(&request)?;
-                let change =
-                    UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
-                let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
-                metrics::inbox_request("UpdateUser", &answer);
-                let answer = answer?;
-                encode_answer(answer, |outcome| {
-                    applied(outcome).map(|(user_id, applied)| UpdateUserResponse {
-                        user_id: user_id.to_string(),
-                        applied,
-                    })
-                })
-            }
-            .await,
-        )
+        let answer = self
+            .change(request, "UpdateUser", |user_id, applied| {
+                UpdateUserResponse {
+                    user_id: user_id.to_string(),
+                    applied,
+                }
+            })
+            .await;
+        span.ended(answer)
     }
 
     #[tracing::instrument(name = "DisableUser", skip_all, fields(trace_id))]
@@ -277,24 +290,15 @@ impl UsersService for UsersApi {
         request: Request<DisableUserRequest>,
     ) -> Result<Response<DisableUserResponse>, Status> {
         let span = traced(&request, "DisableUser");
-        span.ended(
-            async {
-                platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-                let mode = self.mode(&request)?;
-                let change =
-                    UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
-                let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
-                metrics::inbox_request("DisableUser", &answer);
-                let answer = answer?;
-                encode_answer(answer, |outcome| {
-                    applied(outcome).map(|(user_id, applied)| DisableUserResponse {
-                        user_id: user_id.to_string(),
-                        applied,
-                    })
-                })
-            }
-            .await,
-        )
+        let answer = self
+            .change(request, "DisableUser", |user_id, applied| {
+                DisableUserResponse {
+                    user_id: user_id.to_string(),
+                    applied,
+                }
+            })
+            .await;
+        span.ended(answer)
     }
 
     #[tracing::instrument(name = "GetUser", skip_all, fields(trace_id))]
