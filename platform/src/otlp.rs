@@ -49,8 +49,9 @@ const CERTIFICATE_VARIABLES: [&str; 2] = [
 static PROCESSOR: OnceLock<BatchSpanProcessor> = OnceLock::new();
 
 /// Sets up the export when a collector is named, for the process `service` (its
-/// `service.name` unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` gives one). Call once, inside the Tokio
-/// runtime (the exporter's connection runs on it), and keep what it returns.
+/// `service.name` unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` gives one).
+/// Call once, inside the Tokio runtime (the exporter's connection runs on it), and keep
+/// what it returns.
 pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
     let Some(endpoint) = first_set(&ENDPOINT_VARIABLES) else {
