@@ -21,7 +21,10 @@ use crate::{
     on_both_backends,
     support::{
         Backend, conflicting_user_request, eventually,
-        invariants::{assert_each_student_linked_exactly_once, stored_user, users_and_inbox_rows},
+        invariants::{
+            assert_each_student_linked_exactly_once, stored_user, the_only_user,
+            users_and_inbox_rows,
+        },
         stack::{LINK_DEADLINE, Stack},
         user_of_no_student,
     },
@@ -76,11 +79,7 @@ async fn keys_past_users_horizon(stack: &Stack) {
 /// The one user in Users (the student's, created by the row's key before its answer was
 /// lost).
 async fn the_user(stack: &Stack) -> users::Model {
-    users::Entity::find()
-        .one(&stack.users_db)
-        .await
-        .expect("users")
-        .expect("the student's user")
+    the_only_user(&stack.users_db).await
 }
 
 /// Outbox row `id` as it is now.

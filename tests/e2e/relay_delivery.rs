@@ -26,7 +26,7 @@ use crate::{
         Backend, TestApp,
         invariants::{
             assert_each_student_linked_exactly_once, assert_linked_at_first_attempt, stored_user,
-            users_and_inbox_rows,
+            the_only_user, users_and_inbox_rows,
         },
         scripted_users::{Script, scripted_users},
         spawn_app, student_request,
@@ -304,11 +304,7 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
         before,
         "nothing sent"
     );
-    let user = users::Entity::find()
-        .one(&app.users_db)
-        .await
-        .expect("users")
-        .expect("the student's user");
+    let user = the_only_user(&app.users_db).await;
     assert_eq!((user.first_name.as_str(), user.source_version), ("Ana0", 1));
 }
 
@@ -353,11 +349,7 @@ async fn a_name_saved_before_students_stricter_rule_still_reaches_users(backend:
         app.relay().deliver_batch().await.expect("batch").delivered,
         1
     );
-    let user = users::Entity::find()
-        .one(&app.users_db)
-        .await
-        .expect("users")
-        .expect("the student's user");
+    let user = the_only_user(&app.users_db).await;
     assert_eq!(user.first_name, OLDER);
 
     // A change saved before the rule, carrying such a name, is applied too.
@@ -372,11 +364,7 @@ async fn a_name_saved_before_students_stricter_rule_still_reaches_users(backend:
         app.relay().deliver_batch().await.expect("batch").delivered,
         1
     );
-    let user = users::Entity::find()
-        .one(&app.users_db)
-        .await
-        .expect("users")
-        .expect("the student's user");
+    let user = the_only_user(&app.users_db).await;
     assert_eq!(
         (user.last_name.as_str(), user.source_version),
         ("Pérez\u{202e}", 2)
@@ -396,11 +384,7 @@ async fn a_change_for_a_user_users_lost_fails_at_once(backend: Backend) {
         app.relay().deliver_batch().await.expect("batch").delivered,
         1
     );
-    let backup = users::Entity::find()
-        .one(&app.users_db)
-        .await
-        .expect("users")
-        .expect("the student's user");
+    let backup = the_only_user(&app.users_db).await;
     let lost = backup.id;
     users::Entity::delete_by_id(lost)
         .exec(&app.users_db)

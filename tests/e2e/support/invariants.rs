@@ -141,6 +141,15 @@ pub async fn assert_each_student_linked_exactly_once(
     links
 }
 
+/// The one user in the Users DB (a test's only student's).
+pub async fn the_only_user(users_db: &DatabaseConnection) -> users::Model {
+    users::Entity::find()
+        .one(users_db)
+        .await
+        .expect("users")
+        .expect("the student's user")
+}
+
 /// The user `id` as stored in the Users DB; fails the test if there is none.
 pub async fn stored_user(users_db: &DatabaseConnection, id: Uuid) -> users::Model {
     users::Entity::find_by_id(id)
