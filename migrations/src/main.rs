@@ -47,7 +47,7 @@ enum Action {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let _log = platform::telemetry::init(platform::telemetry::LogFormat::Text);
+    let _log = platform::telemetry::init(platform::telemetry::LogFormat::Text)?;
     match Cli::parse().database {
         Database::Student {
             database_url,

@@ -9,6 +9,7 @@ pub mod failpoint;
 pub mod fingerprint;
 pub mod group_commit;
 pub mod grpc_server;
+pub mod log_writer;
 pub mod metrics;
 pub mod otlp;
 pub mod overload;

@@ -6,16 +6,16 @@
 //! each line shows its spans' fields (`CreateStudent{trace_id=…}: …`); in JSON each line
 //! carries `trace_id` as a top-level field, so `grep <trace_id>` finds the journey either way.
 //!
-//! Lines are written by a thread of their own, never by the code that logs. A write to
-//! stderr blocks while its reader is not reading (a full pipe: a stalled log shipper, a
-//! paused terminal), and every service runs its calls on one thread, so a blocking write
-//! would stop every call. Here the lines wait in a bounded queue instead; when it is full
-//! new lines are dropped and counted (`log_lines_dropped_total`), and the service goes on
-//! answering. What is still queued is written when the process ends normally; a crash
-//! (SIGKILL, an abort) loses the lines not yet written: a few milliseconds' worth, or the
-//! whole queue if the reader had stalled.
+//! Lines are written by a thread of their own, never by the code that logs, from a bounded
+//! queue that drops and counts lines rather than wait for a reader that does not read
+//! (`log_writer.rs` says why and what a crash loses).
 
 use std::{fmt, io::IsTerminal as _, sync::OnceLock, time::Duration};
+
+use anyhow::Context as _;
+
+use crate::log_writer::Lines;
+pub use crate::log_writer::LogWriter;
 
 use serde_json::{Map, Value};
 use tracing::{
@@ -23,7 +23,6 @@ use tracing::{
     field::{Field, Visit},
     span,
 };
-use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::{
     EnvFilter, Layer,
     fmt::{FmtContext, FormatEvent, FormatFields, format::Writer},
@@ -54,52 +53,20 @@ pub enum LogFormat {
 /// at most, seconds of a busy service's lines at `info`.
 const QUEUED_LINES: usize = 10_000;
 
-/// The log writer's count of dropped lines, once [`init`] has run.
-static DROPPED_LINES: OnceLock<ErrorCounter> = OnceLock::new();
-
-/// The thread that writes the log. Keep it for as long as the process logs: dropping it
-/// writes out the queued lines and stops the thread, waiting at most [`FINAL_WRITE`].
-#[must_use = "dropping it stops the log writer"]
-pub struct LogWriter {
-    worker: Option<WorkerGuard>,
-}
+/// Where [`dropped_lines`] reads the writer's count, once [`init`] has run.
+static LOG_LINES: OnceLock<Lines> = OnceLock::new();
 
 /// How long a process that ends waits for its queued lines to be written.
 const FINAL_WRITE: Duration = Duration::from_millis(1200);
 
-impl Drop for LogWriter {
-    /// The writer's own guard waits about a second for a stalled reader, then reports that
-    /// on stdout, where it would block for good if stdout is that same stalled pipe. So the
-    /// guard is dropped on a thread of its own, and the process stops waiting for it after
-    /// [`FINAL_WRITE`] whatever it does.
-    fn drop(&mut self) {
-        let Some(worker) = self.worker.take() else {
-            return;
-        };
-        let (done, finished) = std::sync::mpsc::channel();
-        let stopping = std::thread::Builder::new()
-            .name("log-writer-stop".into())
-            .spawn(move || {
-                drop(worker);
-                let _ = done.send(());
-            });
-        if stopping.is_ok() {
-            let _ = finished.recv_timeout(FINAL_WRITE);
-        }
-    }
-}
-
 /// Installs the global subscriber; call once, first thing in `main` after parsing flags,
 /// and keep what it returns until `main` ends.
-pub fn init(format: LogFormat) -> LogWriter {
-    let (writer, worker) = NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(QUEUED_LINES)
-        .thread_name("log-writer")
-        .finish(std::io::stderr());
-    let _ = DROPPED_LINES.set(writer.error_counter());
+pub fn init(format: LogFormat) -> anyhow::Result<LogWriter> {
+    let (writer, lines) = LogWriter::start(std::io::stderr(), QUEUED_LINES, FINAL_WRITE)
+        .context("cannot start the log writer")?;
+    let _ = LOG_LINES.set(lines.clone());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let lines = tracing_subscriber::fmt::layer().with_writer(writer);
+    let lines = tracing_subscriber::fmt::layer().with_writer(lines);
     let (lines, trace_ids) = match format {
         LogFormat::Text => (
             lines.with_ansi(std::io::stderr().is_terminal()).boxed(),
@@ -112,17 +79,13 @@ pub fn init(format: LogFormat) -> LogWriter {
         .with(trace_ids)
         .with(lines)
         .init();
-    LogWriter {
-        worker: Some(worker),
-    }
+    Ok(writer)
 }
 
 /// Log lines dropped so far because the writer's queue was full (its reader was not
 /// reading); 0 before [`init`].
 pub fn dropped_lines() -> u64 {
-    DROPPED_LINES
-        .get()
-        .map_or(0, |counter| counter.dropped_lines() as u64)
+    LOG_LINES.get().map_or(0, Lines::dropped_lines)
 }
 
 /// The `trace_id` of a span, kept where [`JsonLines`] finds it.

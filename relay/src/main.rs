@@ -11,9 +11,10 @@ use clap::Parser as _;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = relay::cli::Cli::parse();
-    let _log = platform::telemetry::init(cli.log_format);
-    let spans = match platform::otlp::start("relay") {
-        Ok(spans) => spans,
+    let started = platform::telemetry::init(cli.log_format)
+        .and_then(|log| Ok((log, platform::otlp::start("relay")?)));
+    let (_log, spans) = match started {
+        Ok(started) => started,
         Err(err) => {
             eprintln!("error: {err:#}");
             return ExitCode::from(2);

@@ -10,7 +10,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let _log = platform::telemetry::init(config.log_format);
+    let _log = platform::telemetry::init(config.log_format)?;
     let spans = platform::otlp::start("student-svc")?;
     let options = config.server_options()?;
     let link = config.link()?;

@@ -15,7 +15,7 @@ fn main() -> anyhow::Result<ExitCode> {
     if let Some(Command::Inbox { action }) = &config.command {
         return Ok(one_shot(runtime.and_then(|runtime| {
             runtime.block_on(async {
-                let _log = platform::telemetry::init(config.log_format);
+                let _log = platform::telemetry::init(config.log_format)?;
                 inbox(&config, action, retention_stated).await
             })
         })));
@@ -24,7 +24,7 @@ fn main() -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
-    let _log = platform::telemetry::init(config.log_format);
+    let _log = platform::telemetry::init(config.log_format)?;
     let spans = platform::otlp::start("users-svc")?;
     let options = config.server_options()?;
     let auth_tokens = config.auth_tokens()?;

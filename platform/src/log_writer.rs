@@ -1,0 +1,370 @@
+//! The thread that writes the log: code that logs appends its line to a queue and goes on;
+//! the thread writes the queued lines out in batches.
+//!
+//! Why a thread: a write to stderr blocks while its reader is not reading (a full pipe: a
+//! stalled log shipper, a paused terminal), and every service runs its calls on one thread,
+//! so a blocking write would stop every call. The queue is bounded: when it is full, new
+//! lines are dropped and counted ([`LogWriter::dropped_lines`]) instead of waited for.
+//!
+//! Why batches: handing each line to a sleeping thread wakes it, a system call and a switch
+//! of threads per line on cores the services need. Here only the first line queued after the
+//! writer took the last batch wakes it; the writer then lets lines gather for [`GATHER`] and
+//! writes them with one `write`. A busy service thus costs a few hundred wake-ups and writes
+//! a second, however many lines it logs, and an idle one none.
+//!
+//! Crash points: the queue lives in memory. A process that ends normally writes it out
+//! ([`LogWriter`]'s drop); a crash (SIGKILL, an abort) loses what was queued: up to
+//! [`GATHER`] of lines, or the whole queue if the reader had stalled.
+
+use std::{
+    io::{self, Write},
+    mem,
+    sync::{
+        Arc, Condvar, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
+    thread,
+    time::Duration,
+};
+
+use tracing_subscriber::fmt::MakeWriter;
+
+/// How long the writer lets lines gather after the first one woke it: the delay a line may
+/// wait before it is written, and what a crash may lose of a healthy log.
+pub const GATHER: Duration = Duration::from_millis(5);
+
+/// Lines queued and not yet taken by the writer, and whether the process is stopping.
+#[derive(Default)]
+struct Queue {
+    bytes: Vec<u8>,
+    lines: usize,
+    stopping: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when the first line enters an empty queue, and when the process stops.
+    wake: Condvar,
+    /// Lines dropped because the queue was full, or because writing them failed.
+    dropped: AtomicU64,
+    limit: usize,
+}
+
+impl Shared {
+    /// Nothing panics while holding the lock, so a poisoned lock still holds a whole queue.
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, line: &[u8]) {
+        let mut queue = self.queue();
+        if queue.lines >= self.limit {
+            drop(queue);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let first = queue.lines == 0;
+        queue.bytes.extend_from_slice(line);
+        queue.lines += 1;
+        drop(queue);
+        if first {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The writer thread: waits for a first line, lets more gather, writes them all at once.
+    /// Returns once the process stops and the queue is written out.
+    fn write_lines(&self, out: &mut dyn Write) {
+        // Two buffers swapped back and forth: a busy log allocates nothing.
+        let mut batch = Vec::new();
+        loop {
+            let mut queue = self.queue();
+            while queue.lines == 0 && !queue.stopping {
+                queue = self
+                    .wake
+                    .wait(queue)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if queue.lines == 0 {
+                return;
+            }
+            if !queue.stopping {
+                drop(queue);
+                thread::sleep(GATHER);
+                queue = self.queue();
+            }
+            mem::swap(&mut queue.bytes, &mut batch);
+            let lines = mem::take(&mut queue.lines);
+            drop(queue);
+            // A reader that went away (EPIPE) or a full disk: these lines are lost, and
+            // counted as such; later ones are tried again.
+            if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
+                self.dropped.fetch_add(lines as u64, Ordering::Relaxed);
+            }
+            batch.clear();
+        }
+    }
+}
+
+/// Where the log's lines go: give it to `tracing_subscriber::fmt::layer().with_writer`.
+/// Each `write` is one line (the fmt layer writes each event with one `write_all`).
+#[derive(Clone)]
+pub struct Lines(Arc<Shared>);
+
+impl<'a> MakeWriter<'a> for Lines {
+    type Writer = &'a Lines;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self
+    }
+}
+
+impl Write for &Lines {
+    /// Queues the line, or drops and counts it when the queue is full; never blocks on the
+    /// reader, never fails.
+    fn write(&mut self, line: &[u8]) -> io::Result<usize> {
+        self.0.push(line);
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// Lines dropped so far: the queue was full, or writing them failed.
+    pub fn dropped_lines(&self) -> u64 {
+        self.0.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The running writer thread. Dropping it writes out the queued lines and stops the thread,
+/// waiting at most `final_write` for a reader that does not read.
+#[must_use = "dropping it stops the log writer"]
+pub struct LogWriter {
+    shared: Arc<Shared>,
+    finished: mpsc::Receiver<()>,
+    final_write: Duration,
+}
+
+impl LogWriter {
+    /// Starts the thread `log-writer` writing to `out`, with room for `limit` queued lines.
+    pub fn start(
+        out: impl Write + Send + 'static,
+        limit: usize,
+        final_write: Duration,
+    ) -> io::Result<(Self, Lines)> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            dropped: AtomicU64::new(0),
+            limit,
+        });
+        let (done, finished) = mpsc::channel();
+        let writer = Arc::clone(&shared);
+        let mut out = out;
+        thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || {
+                writer.write_lines(&mut out);
+                let _ = done.send(());
+            })?;
+        let lines = Lines(Arc::clone(&shared));
+        let writer = Self {
+            shared,
+            finished,
+            final_write,
+        };
+        Ok((writer, lines))
+    }
+}
+
+impl Drop for LogWriter {
+    /// A reader that does not read keeps the writer in `write` for good; the process stops
+    /// waiting for it after `final_write` and the lines still queued are lost.
+    fn drop(&mut self) {
+        self.shared.queue().stopping = true;
+        self.shared.wake.notify_one();
+        let _ = self.finished.recv_timeout(self.final_write);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer's destination that records each `write_all` it is given as one batch, and
+    /// can hold the writer inside its first write until the test lets it go.
+    #[derive(Clone)]
+    struct Sink {
+        batches: Arc<Mutex<Vec<Vec<u8>>>>,
+        first_write: Option<Hold>,
+        fail: bool,
+        /// Told after each write.
+        written: Option<mpsc::Sender<()>>,
+    }
+
+    /// The sink's side of a held first write.
+    #[derive(Clone)]
+    struct Hold {
+        entered: mpsc::SyncSender<()>,
+        release: Arc<Mutex<mpsc::Receiver<()>>>,
+    }
+
+    /// The test's side: learns when the writer is inside its first write, and lets it go.
+    struct Held {
+        entered: mpsc::Receiver<()>,
+        release: mpsc::SyncSender<()>,
+    }
+
+    impl Sink {
+        /// A sink whose first write waits until the test lets it go (or drops [`Held`]).
+        fn holding_its_first_write() -> (Self, Held) {
+            let (entered, entered_rx) = mpsc::sync_channel(1);
+            let (release, release_rx) = mpsc::sync_channel(1);
+            let hold = Hold {
+                entered,
+                release: Arc::new(Mutex::new(release_rx)),
+            };
+            let held = Held {
+                entered: entered_rx,
+                release,
+            };
+            let sink = Self {
+                first_write: Some(hold),
+                ..Self::new()
+            };
+            (sink, held)
+        }
+
+        fn new() -> Self {
+            Self {
+                batches: Arc::default(),
+                first_write: None,
+                fail: false,
+                written: None,
+            }
+        }
+
+        fn batches(&self) -> Vec<String> {
+            let batches = self.batches.lock().unwrap();
+            batches
+                .iter()
+                .map(|batch| String::from_utf8(batch.clone()).unwrap())
+                .collect()
+        }
+    }
+
+    impl Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            if let Some(hold) = self.first_write.take() {
+                hold.entered.send(()).unwrap();
+                // Err once the test dropped its sender: let go either way.
+                let _ = hold.release.lock().unwrap().recv();
+            }
+            if self.fail {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            self.batches.lock().unwrap().push(bytes.to_vec());
+            if let Some(written) = &self.written {
+                let _ = written.send(());
+            }
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn log(lines: &Lines, text: &str) {
+        let mut writer = lines.make_writer();
+        writer.write_all(text.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn lines_queued_when_the_process_stops_are_written_in_order() {
+        let sink = Sink::new();
+        let (writer, lines) = LogWriter::start(sink.clone(), 100, Duration::from_secs(10)).unwrap();
+        for n in 0..50 {
+            log(&lines, &format!("line {n}\n"));
+        }
+        drop(writer);
+        let expected: String = (0..50).map(|n| format!("line {n}\n")).collect();
+        assert_eq!(sink.batches().concat(), expected);
+        assert_eq!(lines.dropped_lines(), 0);
+    }
+
+    /// A line is written while the process goes on, not only when it stops: each line
+    /// here arrives when the writer has gone back to waiting for the next.
+    #[test]
+    fn a_line_logged_after_a_quiet_spell_is_written_at_once() {
+        let (written, writes) = mpsc::channel();
+        let mut sink = Sink::new();
+        sink.written = Some(written);
+        let (_writer, lines) =
+            LogWriter::start(sink.clone(), 100, Duration::from_secs(10)).unwrap();
+        for n in 0..5 {
+            log(&lines, &format!("line {n}\n"));
+            writes
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("line {n} not written within 10 s"));
+        }
+        let expected: String = (0..5).map(|n| format!("line {n}\n")).collect();
+        assert_eq!(sink.batches().concat(), expected);
+    }
+
+    /// The point of the batches: lines that arrive while the writer is busy are written with
+    /// one `write`, not one each. The sink holds the writer in its first write while 999
+    /// more lines are queued, so the count of writes is exact.
+    #[test]
+    fn lines_queued_while_the_writer_writes_go_out_in_one_write() {
+        let (sink, held) = Sink::holding_its_first_write();
+        let (writer, lines) =
+            LogWriter::start(sink.clone(), 10_000, Duration::from_secs(10)).unwrap();
+        log(&lines, "first\n");
+        held.entered.recv().unwrap();
+        for n in 1..1000 {
+            log(&lines, &format!("line {n}\n"));
+        }
+        held.release.send(()).unwrap();
+        drop(writer);
+        let batches = sink.batches();
+        assert_eq!(batches.len(), 2, "writes: {}", batches.len());
+        assert_eq!(batches[0], "first\n");
+        let rest: String = (1..1000).map(|n| format!("line {n}\n")).collect();
+        assert_eq!(batches[1], rest);
+    }
+
+    /// A reader that stopped reading: the writer is stuck in `write`, the queue fills, and
+    /// every line past the limit is dropped and counted while logging never waits. Stopping
+    /// gives up on the stuck writer after the final-write wait.
+    #[test]
+    fn a_full_queue_drops_and_counts_new_lines_instead_of_waiting() {
+        let (sink, held) = Sink::holding_its_first_write();
+        let (writer, lines) =
+            LogWriter::start(sink.clone(), 10, Duration::from_millis(50)).unwrap();
+        log(&lines, "taken by the writer\n");
+        held.entered.recv().unwrap();
+        for n in 0..25 {
+            log(&lines, &format!("line {n}\n"));
+        }
+        assert_eq!(lines.dropped_lines(), 15);
+        drop(writer);
+        assert!(sink.batches().is_empty());
+    }
+
+    #[test]
+    fn lines_that_fail_to_be_written_are_counted_as_dropped() {
+        let mut sink = Sink::new();
+        sink.fail = true;
+        let (writer, lines) = LogWriter::start(sink, 100, Duration::from_secs(10)).unwrap();
+        for n in 0..7 {
+            log(&lines, &format!("line {n}\n"));
+        }
+        drop(writer);
+        assert_eq!(lines.dropped_lines(), 7);
+    }
+}
