@@ -10,7 +10,16 @@
 //! without one; an `https://` one is trusted through the system's roots, or the CA file
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or `..._TRACES_CERTIFICATE`) names. `OTEL_SERVICE_NAME`
 //! (default: the binary's name), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_HEADERS`,
-//! `OTEL_BSP_SCHEDULE_DELAY` and the rest are the SDK's own.
+//! `OTEL_BSP_SCHEDULE_DELAY` and the rest are the SDK's own. The protocol is gRPC only:
+//! `OTEL_EXPORTER_OTLP_PROTOCOL` set to anything else stops the binary at start.
+//!
+//! Which traces are exported is the sampler's choice: `OTEL_TRACES_SAMPLER` (and
+//! `OTEL_TRACES_SAMPLER_ARG`), `parentbased_always_on` when unset. A trace started here is
+//! sampled or not as the sampler decides, from its id; a hop that continues a trace (a
+//! caller's, or the one stored with an outbox row) follows the decision it carries in
+//! `traceparent`'s flags when the sampler is parent-based. With the same sampler in all
+//! three binaries a student's journey is thus exported whole or not at all. A value the
+//! sampler cannot use stops the binary at start (the SDK would sample everything instead).
 //!
 //! Exporting never slows or fails a call: finished spans go to the SDK's batch processor,
 //! which sends them from a thread of its own and drops them when its queue is full or the
@@ -19,14 +28,21 @@
 use std::{borrow::Cow, sync::OnceLock, time::SystemTime};
 
 use anyhow::Context as _;
+use anyhow::bail;
 use opentelemetry::{
     InstrumentationScope, KeyValue,
-    trace::{Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
+    trace::{
+        Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags, TraceId,
+        TraceState,
+    },
 };
 use opentelemetry_otlp::WithTonicConfig as _;
 use opentelemetry_sdk::{
     Resource,
-    trace::{BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor as _},
+    trace::{
+        BatchSpanProcessor, Sampler, SamplingDecision, ShouldSample as _, SpanData, SpanEvents,
+        SpanLinks, SpanProcessor as _,
+    },
 };
 
 use crate::trace::TraceContext;
@@ -45,8 +61,17 @@ const CERTIFICATE_VARIABLES: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_CERTIFICATE",
 ];
 
+/// The variables that name the protocol, the first set wins: only `grpc` is built in.
+const PROTOCOL_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+];
+
 /// The processor finished spans go to, once [`start`] has set one up.
 static PROCESSOR: OnceLock<BatchSpanProcessor> = OnceLock::new();
+
+/// The sampler new hops are decided by, once [`start`] has set up the export.
+static SAMPLER: OnceLock<Sampler> = OnceLock::new();
 
 /// Sets up the export when a collector is named, for the process `service` (its
 /// `service.name` unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` gives one).
@@ -60,6 +85,17 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     if disabled || PROCESSOR.get().is_some() {
         return Ok(Exporter { exporting: false });
     }
+    if let Some(protocol) = first_set(&PROTOCOL_VARIABLES)
+        && protocol != "grpc"
+    {
+        bail!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL {protocol:?} is not built in: spans are exported over grpc only"
+        );
+    }
+    let sampler = sampler_named(
+        first_set(&["OTEL_TRACES_SAMPLER"]).as_deref(),
+        first_set(&["OTEL_TRACES_SAMPLER_ARG"]).as_deref(),
+    )?;
     let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
     if endpoint.starts_with("https://") {
         exporter = exporter.with_tls_config(collector_tls()?);
@@ -79,7 +115,74 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     }
     processor.set_resource(&resource);
     let exporting = PROCESSOR.set(processor).is_ok();
+    if exporting {
+        let _ = SAMPLER.set(sampler);
+    }
     Ok(Exporter { exporting })
+}
+
+/// OpenTelemetry's sampler called `name` (`OTEL_TRACES_SAMPLER`; unset:
+/// `parentbased_always_on`), with the ratio `arg` (`OTEL_TRACES_SAMPLER_ARG`; unset: 1) for
+/// the two ratio samplers. The SDK falls back to sampling everything on a value it cannot
+/// use; here that is an error, since whoever asked for a tenth of the traces would
+/// otherwise get all of them without a word.
+fn sampler_named(name: Option<&str>, arg: Option<&str>) -> anyhow::Result<Sampler> {
+    let ratio = || match arg {
+        None => Ok(1.0),
+        Some(arg) => match arg.trim().parse::<f64>() {
+            Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+            _ => Err(anyhow::anyhow!(
+                "OTEL_TRACES_SAMPLER_ARG {arg:?} is not a ratio from 0 to 1"
+            )),
+        },
+    };
+    let parent_based = |root| Sampler::ParentBased(Box::new(root));
+    Ok(match name.unwrap_or("parentbased_always_on") {
+        "always_on" => Sampler::AlwaysOn,
+        "always_off" => Sampler::AlwaysOff,
+        "traceidratio" => Sampler::TraceIdRatioBased(ratio()?),
+        "parentbased_always_on" => parent_based(Sampler::AlwaysOn),
+        "parentbased_always_off" => parent_based(Sampler::AlwaysOff),
+        "parentbased_traceidratio" => parent_based(Sampler::TraceIdRatioBased(ratio()?)),
+        other => bail!(
+            "OTEL_TRACES_SAMPLER {other:?} is not one of always_on, always_off, traceidratio, \
+             parentbased_always_on, parentbased_always_off, parentbased_traceidratio"
+        ),
+    })
+}
+
+/// Whether a hop of the trace `trace_id` is sampled, by the sampler [`start`] set up; its
+/// `parent` is the hop it continues (its span id, and whether that was sampled), `None` for
+/// a new trace. `None` when no sampler is set up: nothing is exported from this process,
+/// and the caller's decision (sampled, for a new trace) is passed on unchanged.
+pub(crate) fn sampled(trace_id: u128, parent: Option<(u64, bool)>) -> Option<bool> {
+    SAMPLER
+        .get()
+        .map(|sampler| decide(sampler, trace_id, parent))
+}
+
+/// [`sampled`], by `sampler`.
+fn decide(sampler: &Sampler, trace_id: u128, parent: Option<(u64, bool)>) -> bool {
+    let trace_id = TraceId::from(trace_id);
+    let parent = parent.map(|(span_id, sampled)| {
+        let flags = if sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        let span = SpanContext::new(
+            trace_id,
+            SpanId::from(span_id),
+            flags,
+            true,
+            TraceState::default(),
+        );
+        opentelemetry::Context::new().with_remote_span_context(span)
+    });
+    let decision = sampler
+        .should_sample(parent.as_ref(), trace_id, "", &SpanKind::Internal, &[], &[])
+        .decision;
+    decision == SamplingDecision::RecordAndSample
 }
 
 /// The value of the first of `variables` that is set and not empty.
@@ -307,4 +410,102 @@ fn scope() -> &'static InstrumentationScope {
             .with_version(env!("CARGO_PKG_VERSION"))
             .build()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Trace ids whose low 64 bits, halved, fall below any ratio above 0 (`IN`) and above
+    /// any ratio below 1 (`OUT`): OpenTelemetry's ratio samplers decide from those bits.
+    const IN: u128 = 0x4bf9_2f35_77b3_4da6_0000_0000_0000_0000;
+    const OUT: u128 = 0x4bf9_2f35_77b3_4da6_ffff_ffff_ffff_ffff;
+    const PARENT_SPAN: u64 = 0x00f0_67aa_0ba9_02b7;
+
+    fn decisions(name: &str, arg: Option<&str>) -> [bool; 6] {
+        let sampler = sampler_named(Some(name), arg).expect("a sampler");
+        let decide = |trace_id, parent| decide(&sampler, trace_id, parent);
+        [
+            decide(IN, None),
+            decide(OUT, None),
+            decide(IN, Some((PARENT_SPAN, true))),
+            decide(OUT, Some((PARENT_SPAN, true))),
+            decide(IN, Some((PARENT_SPAN, false))),
+            decide(OUT, Some((PARENT_SPAN, false))),
+        ]
+    }
+
+    /// Each sampler `OTEL_TRACES_SAMPLER` can name, deciding a new trace (`None`: no
+    /// parent) and a continued one, whose parent was sampled or not, for a trace id in and
+    /// one out of the ratio.
+    #[test]
+    fn each_sampler_decides_as_its_name_says() {
+        // New trace: IN, OUT; sampled parent: IN, OUT; parent not sampled: IN, OUT.
+        let cases = [
+            ("always_on", None, [true; 6]),
+            ("always_off", None, [false; 6]),
+            (
+                "traceidratio",
+                Some("0.5"),
+                [true, false, true, false, true, false],
+            ),
+            (
+                "parentbased_always_on",
+                None,
+                [true, true, true, true, false, false],
+            ),
+            (
+                "parentbased_always_off",
+                None,
+                [false, false, true, true, false, false],
+            ),
+            (
+                "parentbased_traceidratio",
+                Some("0.5"),
+                [true, false, true, true, false, false],
+            ),
+            // The ratio defaults to 1: everything, as the specification says.
+            (
+                "parentbased_traceidratio",
+                None,
+                [true, true, true, true, false, false],
+            ),
+            ("traceidratio", Some("0"), [false; 6]),
+        ];
+        for (name, arg, expected) in cases {
+            assert_eq!(decisions(name, arg), expected, "{name} {arg:?}");
+        }
+        let unset = sampler_named(None, None).expect("the default");
+        assert!(decide(&unset, OUT, None));
+        assert!(!decide(&unset, IN, Some((PARENT_SPAN, false))));
+    }
+
+    /// The trace ids this code makes for new traces fall in a ratio at its rate: a quarter
+    /// of them in a ratio of 0.25. (UUIDv4s, once used, have fixed bits where the ratio
+    /// looks, and none of them fell in.)
+    #[test]
+    fn a_ratio_samples_its_share_of_new_traces() {
+        let sampler = sampler_named(Some("traceidratio"), Some("0.25")).expect("a sampler");
+        let sampled = (0..4000)
+            .map(|_| TraceContext::new_root().trace_id_value())
+            .filter(|&trace_id| decide(&sampler, trace_id, None))
+            .count();
+        // 1,000 expected; beyond ±200 is more than six standard deviations away.
+        assert!((800..=1200).contains(&sampled), "{sampled} of 4000");
+    }
+
+    #[test]
+    fn a_sampler_or_ratio_it_cannot_use_is_an_error_naming_it() {
+        for (name, arg, named) in [
+            ("sometimes", None, "sometimes"),
+            ("jaeger_remote", None, "jaeger_remote"),
+            ("ALWAYS_ON", None, "ALWAYS_ON"),
+            ("traceidratio", Some("2"), "\"2\""),
+            ("parentbased_traceidratio", Some("-0.1"), "-0.1"),
+            ("traceidratio", Some("half"), "half"),
+        ] {
+            let err = sampler_named(Some(name), arg).expect_err(name);
+            assert!(err.to_string().contains(named), "{name} {arg:?}: {err}");
+        }
+    }
 }

@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 use tonic::metadata::{MetadataMap, MetadataValue};
 
 /// The metadata entry (and header) that carries the context.
@@ -26,13 +27,16 @@ pub struct TraceContext {
 }
 
 impl TraceContext {
-    /// A new trace (sampled), for a request that arrived without one.
+    /// A new trace, for a request that arrived without one: sampled as the sampler set up
+    /// by [`crate::otlp::start`] decides from its id, or always when there is none.
     pub fn new_root() -> Self {
+        let trace_id = nonzero_u128();
+        let sampled = crate::otlp::sampled(trace_id, None).unwrap_or(true);
         Self {
-            trace_id: nonzero_u128(),
+            trace_id,
             span_id: nonzero_u64(),
             parent_span_id: 0,
-            flags: 0x01,
+            flags: u8::from(sampled),
         }
     }
 
@@ -96,11 +100,16 @@ impl TraceContext {
             .map_or_else(Self::new_root, |parent| parent.child())
     }
 
-    /// The next hop: the same trace, a new span whose parent is this one.
+    /// The next hop: the same trace, a new span whose parent is this one, sampled as the
+    /// sampler set up by [`crate::otlp::start`] decides (a parent-based one follows this
+    /// hop), or as this hop is when there is none. The other flags are passed on.
     pub fn child(self) -> Self {
+        let sampled = crate::otlp::sampled(self.trace_id, Some((self.span_id, self.is_sampled())))
+            .unwrap_or(self.is_sampled());
         Self {
             span_id: nonzero_u64(),
             parent_span_id: self.span_id,
+            flags: (self.flags & !0x01) | u8::from(sampled),
             ..self
         }
     }
@@ -150,9 +159,12 @@ impl fmt::Display for TraceContext {
     }
 }
 
+/// A random trace id, every bit random: the ratio samplers decide from its low 64 bits, so
+/// an id with fixed bits there (a UUIDv4's variant) would be sampled at the wrong rate.
+/// OpenTelemetry's own generator (a per-thread generator seeded from the OS).
 fn nonzero_u128() -> u128 {
     loop {
-        let id = uuid::Uuid::new_v4().as_u128();
+        let id = u128::from_be_bytes(RandomIdGenerator::default().new_trace_id().to_bytes());
         if id != 0 {
             return id;
         }
@@ -161,8 +173,7 @@ fn nonzero_u128() -> u128 {
 
 fn nonzero_u64() -> u64 {
     loop {
-        #[allow(clippy::cast_possible_truncation)] // the low 64 bits of a random id
-        let id = uuid::Uuid::new_v4().as_u128() as u64;
+        let id = u64::from_be_bytes(RandomIdGenerator::default().new_span_id().to_bytes());
         if id != 0 {
             return id;
         }

@@ -59,6 +59,8 @@ on_both_backends!(
     one_trace_id_follows_a_student_through_the_three_processes,
     each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector,
     the_direct_flows_call_to_users_is_a_span_of_the_callers_trace,
+    the_sampler_named_exports_whole_journeys_or_none,
+    a_sampler_that_is_not_parent_based_overrules_the_caller,
     spans_reach_an_https_collector_trusted_through_the_ca_file_named,
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
     the_direct_flow_carries_the_callers_trace_to_users,
@@ -1613,12 +1615,17 @@ async fn the_direct_flow_carries_the_callers_trace_to_users(backend: Backend) {
     .await;
 }
 
-/// `message` with metadata `traceparent: 00-<trace_id>-<span>-01`.
+/// `message` with metadata `traceparent: 00-<trace_id>-<span>-01` (a sampled caller).
 fn with_trace<T>(message: T, trace_id: &str) -> tonic::Request<T> {
+    with_trace_flags(message, trace_id, "01")
+}
+
+/// `message` with metadata `traceparent: 00-<trace_id>-<span>-<flags>`.
+fn with_trace_flags<T>(message: T, trace_id: &str, flags: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert(
         "traceparent",
-        format!("00-{trace_id}-00f067aa0ba902b7-01")
+        format!("00-{trace_id}-{CALLER_SPAN}-{flags}")
             .parse()
             .expect("ASCII"),
     );
@@ -1835,6 +1842,198 @@ async fn the_direct_flows_call_to_users_is_a_span_of_the_callers_trace(backend: 
     assert_eq!(spans.0.len(), 3, "nothing else: {:#?}", spans.0);
 }
 
+/// README ("Following one student"): with `OTEL_TRACES_SAMPLER=parentbased_traceidratio`
+/// and `OTEL_TRACES_SAMPLER_ARG=0.5` in all three binaries, a CreateStudent that arrives
+/// without a trace starts one, sampled when its id falls in half of all ids (its low 64
+/// bits, halved, below 2^62), and every later hop follows that decision: the outbox row
+/// stores it, the relay's delivery and Users' execution are exported exactly when the call
+/// was, so each journey reaches the collector whole or not at all. A caller's decision wins
+/// over the ratio both ways (a sampled caller's trace whose id the ratio would leave out,
+/// and the reverse).
+async fn the_sampler_named_exports_whole_journeys_or_none(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let sampler = [
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+    ];
+    let mut users = start_exporting_with(&dbs, &collector, &sampler, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let mut student = start_exporting_with(&dbs, &collector, &sampler, "student-svc", &[]);
+    let client = student_client(serving(&mut student).await);
+    let in_ratio = |trace_id: &str| {
+        let low = u64::from_str_radix(&trace_id[16..], 16).expect("hex");
+        (low >> 1) < 1 << 62
+    };
+    // Callers' traces: (trace id, the caller's flags); each id is one the ratio would
+    // decide the other way.
+    let callers = [
+        (
+            format!("{:016x}{:016x}", Uuid::new_v4().as_u128() >> 64, u64::MAX),
+            "01",
+        ),
+        (
+            format!("{:016x}{:016x}", Uuid::new_v4().as_u128() >> 64, 0),
+            "00",
+        ),
+    ];
+    let mut students = Vec::new();
+    for (n, (trace_id, flags)) in callers.iter().enumerate() {
+        assert_eq!(in_ratio(trace_id), *flags == "00");
+        let request = with_trace_flags(student_request(n), trace_id, flags);
+        students.push(
+            client
+                .clone()
+                .create_student(request)
+                .await
+                .expect("created"),
+        );
+    }
+    for n in callers.len()..callers.len() + 24 {
+        let request = tonic::Request::new(student_request(n));
+        students.push(
+            client
+                .clone()
+                .create_student(request)
+                .await
+                .expect("created"),
+        );
+    }
+    let ids: Vec<String> = students
+        .into_iter()
+        .map(|created| created.into_inner().id)
+        .collect();
+    let mut relay = start_exporting_with(
+        &dbs,
+        &collector,
+        &sampler,
+        "relay",
+        &["--users-url", &users_url, "run"],
+    );
+    for id in &ids {
+        eventually("the student linked", LINK_DEADLINE, || {
+            let (mut client, id) = (client.clone(), id.clone());
+            async move {
+                let student = client
+                    .get_student(proto::student::v1::GetStudentRequest { id })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (student.user_link_status() == UserLinkStatus::Linked).then_some(())
+            }
+        })
+        .await;
+    }
+    for process in [&mut relay, &mut student, &mut users] {
+        stop(process);
+    }
+
+    // What each student's row stored: its trace, and whether it is sampled.
+    let student_db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("Student DB");
+    let rows = outbox::Entity::find()
+        .order_by_asc(outbox::Column::Id)
+        .all(&student_db)
+        .await
+        .expect("outbox");
+    assert_eq!(rows.len(), ids.len());
+    let stored: Vec<(String, bool)> = rows
+        .iter()
+        .map(|row| {
+            let traceparent = row.traceparent.as_deref().expect("a trace stored");
+            let (trace_id, flags) = (&traceparent[3..35], &traceparent[53..]);
+            (trace_id.to_owned(), flags == "01")
+        })
+        .collect();
+    for ((trace_id, sampled), (caller, flags)) in stored.iter().zip(&callers) {
+        assert_eq!(trace_id, caller);
+        assert_eq!(*sampled, *flags == "01", "the caller decides {trace_id}");
+    }
+    let started_here = &stored[callers.len()..];
+    for (trace_id, sampled) in started_here {
+        assert_eq!(*sampled, in_ratio(trace_id), "the ratio decides {trace_id}");
+    }
+    // 24 at one half: all one way would be odds of 2^-23.
+    let picked = started_here.iter().filter(|(_, sampled)| *sampled).count();
+    assert!(
+        0 < picked && picked < started_here.len(),
+        "{picked} sampled"
+    );
+
+    // The collector holds exactly the sampled journeys, each whole: the call, the delivery,
+    // Users' execution (CreateUsers calls are spans of a trace of their own).
+    let exported: BTreeSet<String> = collector
+        .spans()
+        .into_iter()
+        .filter(|received| received.span.name != "users.v1.UsersService/CreateUsers")
+        .map(|received| hex(&received.span.trace_id))
+        .collect();
+    let sampled: BTreeSet<String> = stored
+        .iter()
+        .filter(|(_, sampled)| *sampled)
+        .map(|(trace_id, _)| trace_id.clone())
+        .collect();
+    assert_eq!(exported, sampled);
+    for trace_id in &sampled {
+        let spans = Spans(collector.spans_of(trace_id));
+        spans.only("student-svc", SpanKind::Server);
+        spans.only("relay", SpanKind::Client);
+        spans.only("users-svc", SpanKind::Server);
+        assert_eq!(spans.0.len(), 3, "{trace_id}: {:#?}", spans.0);
+    }
+}
+
+/// README ("Following one student"): a sampler that is not parent-based decides each hop
+/// alone, whatever the caller decided: users-svc with `OTEL_TRACES_SAMPLER=traceidratio`
+/// at one half exports its CreateUser for a caller that did not sample a trace whose id is
+/// in the ratio, and not for a sampled caller's trace whose id is out of it.
+async fn a_sampler_that_is_not_parent_based_overrules_the_caller(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let sampler = [
+        ("OTEL_TRACES_SAMPLER", "traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+    ];
+    let mut users = start_exporting_with(&dbs, &collector, &sampler, "users-svc", &[]);
+    let addr = serving(&mut users).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let client = proto::users::v1::users_service_client::UsersServiceClient::new(channel);
+    let high = Uuid::new_v4().as_u128() >> 64;
+    // (trace id, the caller's flags, exported): low 64 bits 0 are in any ratio, all ones
+    // in none below 1.
+    let calls = [
+        (format!("{high:016x}{:016x}", 0), "00", true),
+        (format!("{high:016x}{:016x}", u64::MAX), "01", false),
+    ];
+    for (n, (trace_id, flags, _)) in calls.iter().enumerate() {
+        client
+            .clone()
+            .create_user(with_trace_flags(
+                conflicting_user_request(n),
+                trace_id,
+                flags,
+            ))
+            .await
+            .expect("created");
+    }
+    stop(&mut users);
+    for (trace_id, flags, exported) in &calls {
+        let spans = collector.spans_of(trace_id);
+        assert_eq!(
+            spans.len(),
+            usize::from(*exported),
+            "caller's flags {flags}: {spans:#?}"
+        );
+    }
+}
+
 /// README ("Following one student"): an `https://` collector is trusted through the CA file
 /// `OTEL_EXPORTER_OTLP_CERTIFICATE` names. users-svc exporting to a collector whose CA is
 /// not among the system's roots sends nothing it would accept; given the CA, its call's
@@ -1887,8 +2086,9 @@ async fn spans_reach_an_https_collector_trusted_through_the_ca_file_named(backen
     }
 }
 
-/// README ("Following one student"): a collector endpoint or CA file the exporter cannot
-/// use stops the binary at start, naming it; the relay's one-shot commands exit 2.
+/// README ("Following one student"): a collector endpoint, CA file, protocol or sampler the
+/// exporter cannot use stops the binary at start, naming it; the relay's one-shot commands
+/// exit 2.
 async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: Backend) {
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
@@ -1897,7 +2097,7 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
     let missing = missing.to_string_lossy();
     // What is wrong, the variables that say it, and what the error must name.
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 2] = [
+    let cases: [Case; 4] = [
         (
             "a CA file that is not there",
             &[
@@ -1910,6 +2110,23 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
             "an endpoint that is no URL",
             &[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")],
             "not a url",
+        ),
+        (
+            "a protocol not built in",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ],
+            "http/protobuf",
+        ),
+        (
+            "a sampler that does not exist",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "10%"),
+            ],
+            "10%",
         ),
     ];
     for (case, env, named) in cases {
