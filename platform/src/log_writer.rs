@@ -34,21 +34,44 @@ use tracing_subscriber::fmt::MakeWriter;
 /// wait before it is written, and what a crash may lose of a healthy log.
 pub const GATHER: Duration = Duration::from_millis(5);
 
-/// Lines queued and not yet taken by the writer, and whether the process is stopping.
+/// A batch buffer that grew past this (a burst of long lines) is given back once written,
+/// so the two buffers do not keep a burst's size for the life of the process.
+const KEEP_CAPACITY: usize = 1 << 20;
+
+/// How much may wait for the writer before new lines are dropped: whichever is reached
+/// first.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub lines: usize,
+    pub bytes: usize,
+}
+
+/// Lines queued and not yet taken by the writer, whether the process is stopping, and
+/// whether the writer is gone (stopped, or died), so that nothing queued would be written.
 #[derive(Default)]
 struct Queue {
     bytes: Vec<u8>,
     lines: usize,
     stopping: bool,
+    writer_gone: bool,
 }
 
 struct Shared {
     queue: Mutex<Queue>,
     /// Signalled when the first line enters an empty queue, and when the process stops.
     wake: Condvar,
-    /// Lines dropped because the queue was full, or because writing them failed.
+    /// Lines dropped: the queue was full, the writer was gone, or writing them failed.
     dropped: AtomicU64,
-    limit: usize,
+    limits: Limits,
+}
+
+/// Marks the writer gone when its thread ends, however it ends.
+struct WriterGone(Arc<Shared>);
+
+impl Drop for WriterGone {
+    fn drop(&mut self) {
+        self.0.queue().writer_gone = true;
+    }
 }
 
 impl Shared {
@@ -59,7 +82,9 @@ impl Shared {
 
     fn push(&self, line: &[u8]) {
         let mut queue = self.queue();
-        if queue.lines >= self.limit {
+        let full = queue.lines >= self.limits.lines
+            || (queue.lines > 0 && queue.bytes.len() + line.len() > self.limits.bytes);
+        if full || queue.writer_gone {
             drop(queue);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -97,12 +122,17 @@ impl Shared {
             mem::swap(&mut queue.bytes, &mut batch);
             let lines = mem::take(&mut queue.lines);
             drop(queue);
-            // A reader that went away (EPIPE) or a full disk: these lines are lost, and
-            // counted as such; later ones are tried again.
+            // A reader that went away (EPIPE) or a full disk: the batch's lines are counted
+            // as dropped (some may have been written before the error); later ones are
+            // tried again.
             if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
                 self.dropped.fetch_add(lines as u64, Ordering::Relaxed);
             }
-            batch.clear();
+            if batch.capacity() > KEEP_CAPACITY {
+                batch = Vec::new();
+            } else {
+                batch.clear();
+            }
         }
     }
 }
@@ -150,17 +180,18 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    /// Starts the thread `log-writer` writing to `out`, with room for `limit` queued lines.
+    /// Starts the thread `log-writer` writing to `out`, with room for `limits` of queued
+    /// lines.
     pub fn start(
         out: impl Write + Send + 'static,
-        limit: usize,
+        limits: Limits,
         final_write: Duration,
     ) -> io::Result<(Self, Lines)> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             dropped: AtomicU64::new(0),
-            limit,
+            limits,
         });
         let (done, finished) = mpsc::channel();
         let writer = Arc::clone(&shared);
@@ -168,7 +199,13 @@ impl LogWriter {
         thread::Builder::new()
             .name("log-writer".into())
             .spawn(move || {
-                writer.write_lines(&mut out);
+                {
+                    // The writer is marked gone (also when it panics) before a stopping
+                    // process stops waiting for it: a line logged after that is counted,
+                    // not queued for no one.
+                    let _gone = WriterGone(Arc::clone(&writer));
+                    writer.write_lines(&mut out);
+                }
                 let _ = done.send(());
             })?;
         let lines = Lines(Arc::clone(&shared));
@@ -183,7 +220,8 @@ impl LogWriter {
 
 impl Drop for LogWriter {
     /// A reader that does not read keeps the writer in `write` for good; the process stops
-    /// waiting for it after `final_write` and the lines still queued are lost.
+    /// waiting for it after `final_write` and the lines still queued are lost. Lines logged
+    /// once the writer is gone are dropped and counted.
     fn drop(&mut self) {
         self.shared.queue().stopping = true;
         self.shared.wake.notify_one();
@@ -202,6 +240,7 @@ mod tests {
         batches: Arc<Mutex<Vec<Vec<u8>>>>,
         first_write: Option<Hold>,
         fail: bool,
+        panic: bool,
         /// Told after each write.
         written: Option<mpsc::Sender<()>>,
     }
@@ -244,6 +283,7 @@ mod tests {
                 batches: Arc::default(),
                 first_write: None,
                 fail: false,
+                panic: false,
                 written: None,
             }
         }
@@ -267,6 +307,7 @@ mod tests {
             if self.fail {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
+            assert!(!self.panic, "the sink panics");
             self.batches.lock().unwrap().push(bytes.to_vec());
             if let Some(written) = &self.written {
                 let _ = written.send(());
@@ -279,6 +320,14 @@ mod tests {
         }
     }
 
+    /// Room for `lines` lines, whatever their size.
+    fn room_for(lines: usize) -> Limits {
+        Limits {
+            lines,
+            bytes: usize::MAX,
+        }
+    }
+
     fn log(lines: &Lines, text: &str) {
         let mut writer = lines.make_writer();
         writer.write_all(text.as_bytes()).unwrap();
@@ -287,7 +336,8 @@ mod tests {
     #[test]
     fn lines_queued_when_the_process_stops_are_written_in_order() {
         let sink = Sink::new();
-        let (writer, lines) = LogWriter::start(sink.clone(), 100, Duration::from_secs(10)).unwrap();
+        let (writer, lines) =
+            LogWriter::start(sink.clone(), room_for(100), Duration::from_secs(10)).unwrap();
         for n in 0..50 {
             log(&lines, &format!("line {n}\n"));
         }
@@ -300,12 +350,12 @@ mod tests {
     /// A line is written while the process goes on, not only when it stops: each line
     /// here arrives when the writer has gone back to waiting for the next.
     #[test]
-    fn a_line_logged_after_a_quiet_spell_is_written_at_once() {
+    fn a_line_logged_after_a_quiet_spell_is_written_while_the_process_runs() {
         let (written, writes) = mpsc::channel();
         let mut sink = Sink::new();
         sink.written = Some(written);
         let (_writer, lines) =
-            LogWriter::start(sink.clone(), 100, Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink.clone(), room_for(100), Duration::from_secs(10)).unwrap();
         for n in 0..5 {
             log(&lines, &format!("line {n}\n"));
             writes
@@ -323,7 +373,7 @@ mod tests {
     fn lines_queued_while_the_writer_writes_go_out_in_one_write() {
         let (sink, held) = Sink::holding_its_first_write();
         let (writer, lines) =
-            LogWriter::start(sink.clone(), 10_000, Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink.clone(), room_for(10_000), Duration::from_secs(10)).unwrap();
         log(&lines, "first\n");
         held.entered.recv().unwrap();
         for n in 1..1000 {
@@ -345,7 +395,7 @@ mod tests {
     fn a_full_queue_drops_and_counts_new_lines_instead_of_waiting() {
         let (sink, held) = Sink::holding_its_first_write();
         let (writer, lines) =
-            LogWriter::start(sink.clone(), 10, Duration::from_millis(50)).unwrap();
+            LogWriter::start(sink.clone(), room_for(10), Duration::from_millis(50)).unwrap();
         log(&lines, "taken by the writer\n");
         held.entered.recv().unwrap();
         for n in 0..25 {
@@ -360,11 +410,66 @@ mod tests {
     fn lines_that_fail_to_be_written_are_counted_as_dropped() {
         let mut sink = Sink::new();
         sink.fail = true;
-        let (writer, lines) = LogWriter::start(sink, 100, Duration::from_secs(10)).unwrap();
+        let (writer, lines) =
+            LogWriter::start(sink, room_for(100), Duration::from_secs(10)).unwrap();
         for n in 0..7 {
             log(&lines, &format!("line {n}\n"));
         }
         drop(writer);
         assert_eq!(lines.dropped_lines(), 7);
+    }
+
+    /// Long lines fill the queue by their bytes before their count: past the byte limit,
+    /// new lines are dropped and counted.
+    #[test]
+    fn a_queue_of_long_lines_is_full_at_its_byte_limit() {
+        let (sink, held) = Sink::holding_its_first_write();
+        let limits = Limits {
+            lines: 100,
+            bytes: 25,
+        };
+        let (writer, lines) =
+            LogWriter::start(sink.clone(), limits, Duration::from_secs(10)).unwrap();
+        log(&lines, "taken by the writer\n");
+        held.entered.recv().unwrap();
+        for _ in 0..10 {
+            log(&lines, "0123456789\n");
+        }
+        // Two of 11 bytes fit in 25.
+        assert_eq!(lines.dropped_lines(), 8);
+        held.release.send(()).unwrap();
+        drop(writer);
+        assert_eq!(
+            sink.batches().concat(),
+            format!("taken by the writer\n{}", "0123456789\n".repeat(2))
+        );
+    }
+
+    /// Once the writer is gone, stopped or dead, a line logged is counted as dropped: no
+    /// line waits in a queue nobody will write.
+    #[test]
+    fn lines_logged_once_the_writer_is_gone_are_counted_as_dropped() {
+        let sink = Sink::new();
+        let (writer, lines) =
+            LogWriter::start(sink.clone(), room_for(100), Duration::from_secs(10)).unwrap();
+        log(&lines, "before the stop\n");
+        drop(writer);
+        for n in 0..3 {
+            log(&lines, &format!("after the stop {n}\n"));
+        }
+        assert_eq!(lines.dropped_lines(), 3);
+        assert_eq!(sink.batches().concat(), "before the stop\n");
+
+        let mut sink = Sink::new();
+        sink.panic = true;
+        let (writer, lines) =
+            LogWriter::start(sink, room_for(100), Duration::from_secs(10)).unwrap();
+        log(&lines, "the writer dies writing this\n");
+        // Returns once the writer's thread ended, its panic unwound.
+        drop(writer);
+        for n in 0..4 {
+            log(&lines, &format!("after the panic {n}\n"));
+        }
+        assert_eq!(lines.dropped_lines(), 4);
     }
 }

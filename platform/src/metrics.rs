@@ -109,7 +109,7 @@ fn describe_metrics() {
     );
     metrics::describe_counter!(
         LOG_LINES_DROPPED,
-        "Log lines dropped because stderr's reader did not keep up (the writer's queue was full)"
+        "Log lines dropped: stderr's reader did not keep up (the writer's queue was full), or writing them failed"
     );
     metrics::describe_counter!(
         crate::db::SQLITE_WRITE_LOCK_WAITS,

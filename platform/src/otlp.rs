@@ -85,12 +85,13 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     if disabled || PROCESSOR.get().is_some() {
         return Ok(Exporter { exporting: false });
     }
-    if let Some(protocol) = first_set(&PROTOCOL_VARIABLES)
-        && protocol != "grpc"
+    let protocol = PROTOCOL_VARIABLES
+        .iter()
+        .find_map(|variable| first_set(&[variable]).map(|protocol| (variable, protocol)));
+    if let Some((variable, protocol)) = protocol
+        && !protocol.trim().eq_ignore_ascii_case("grpc")
     {
-        bail!(
-            "OTEL_EXPORTER_OTLP_PROTOCOL {protocol:?} is not built in: spans are exported over grpc only"
-        );
+        bail!("{variable} {protocol:?} is not built in: spans are exported over grpc only");
     }
     let sampler = sampler_named(
         first_set(&["OTEL_TRACES_SAMPLER"]).as_deref(),
@@ -137,7 +138,12 @@ fn sampler_named(name: Option<&str>, arg: Option<&str>) -> anyhow::Result<Sample
         },
     };
     let parent_based = |root| Sampler::ParentBased(Box::new(root));
-    Ok(match name.unwrap_or("parentbased_always_on") {
+    // Case does not matter, as the specification asks of enumerated values.
+    let name = name.map_or_else(
+        || "parentbased_always_on".to_owned(),
+        |name| name.trim().to_ascii_lowercase(),
+    );
+    Ok(match name.as_str() {
         "always_on" => Sampler::AlwaysOn,
         "always_off" => Sampler::AlwaysOff,
         "traceidratio" => Sampler::TraceIdRatioBased(ratio()?),
@@ -475,6 +481,11 @@ mod tests {
         for (name, arg, expected) in cases {
             assert_eq!(decisions(name, arg), expected, "{name} {arg:?}");
         }
+        // Names are not case-sensitive, nor spaces around them.
+        assert_eq!(
+            decisions(" ParentBased_TraceIdRatio ", Some("0.5")),
+            decisions("parentbased_traceidratio", Some("0.5"))
+        );
         let unset = sampler_named(None, None).expect("the default");
         assert!(decide(&unset, OUT, None));
         assert!(!decide(&unset, IN, Some((PARENT_SPAN, false))));
@@ -499,7 +510,6 @@ mod tests {
         for (name, arg, named) in [
             ("sometimes", None, "sometimes"),
             ("jaeger_remote", None, "jaeger_remote"),
-            ("ALWAYS_ON", None, "ALWAYS_ON"),
             ("traceidratio", Some("2"), "\"2\""),
             ("parentbased_traceidratio", Some("-0.1"), "-0.1"),
             ("traceidratio", Some("half"), "half"),

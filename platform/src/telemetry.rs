@@ -14,8 +14,8 @@ use std::{fmt, io::IsTerminal as _, sync::OnceLock, time::Duration};
 
 use anyhow::Context as _;
 
-use crate::log_writer::Lines;
 pub use crate::log_writer::LogWriter;
+use crate::log_writer::{Limits, Lines};
 
 use serde_json::{Map, Value};
 use tracing::{
@@ -49,9 +49,12 @@ pub enum LogFormat {
     Json,
 }
 
-/// How many lines may wait for the writer before new ones are dropped: a few megabytes
-/// at most, seconds of a busy service's lines at `info`.
-const QUEUED_LINES: usize = 10_000;
+/// How much may wait for the writer before new lines are dropped: seconds of a busy
+/// service's lines at `info`, and never more than a few megabytes of long ones.
+const QUEUED: Limits = Limits {
+    lines: 10_000,
+    bytes: 4 << 20,
+};
 
 /// Where [`dropped_lines`] reads the writer's count, once [`init`] has run.
 static LOG_LINES: OnceLock<Lines> = OnceLock::new();
@@ -62,7 +65,7 @@ const FINAL_WRITE: Duration = Duration::from_millis(1200);
 /// Installs the global subscriber; call once, first thing in `main` after parsing flags,
 /// and keep what it returns until `main` ends.
 pub fn init(format: LogFormat) -> anyhow::Result<LogWriter> {
-    let (writer, lines) = LogWriter::start(std::io::stderr(), QUEUED_LINES, FINAL_WRITE)
+    let (writer, lines) = LogWriter::start(std::io::stderr(), QUEUED, FINAL_WRITE)
         .context("cannot start the log writer")?;
     let _ = LOG_LINES.set(lines.clone());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -82,8 +85,8 @@ pub fn init(format: LogFormat) -> anyhow::Result<LogWriter> {
     Ok(writer)
 }
 
-/// Log lines dropped so far because the writer's queue was full (its reader was not
-/// reading); 0 before [`init`].
+/// Log lines dropped so far: the writer's queue was full (its reader was not reading), or
+/// writing them failed (its reader went away); 0 before [`init`].
 pub fn dropped_lines() -> u64 {
     LOG_LINES.get().map_or(0, Lines::dropped_lines)
 }

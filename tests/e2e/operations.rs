@@ -1670,20 +1670,7 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         "relay",
         &["--users-url", &users_url, "run"],
     );
-    for (_, id) in &traces {
-        eventually("the student linked", LINK_DEADLINE, || {
-            let (mut client, id) = (client.clone(), id.clone());
-            async move {
-                let student = client
-                    .get_student(proto::student::v1::GetStudentRequest { id })
-                    .await
-                    .ok()?
-                    .into_inner();
-                (student.user_link_status() == UserLinkStatus::Linked).then_some(())
-            }
-        })
-        .await;
-    }
+    wait_until_linked(&client, traces.iter().map(|(_, id)| id)).await;
     let change_trace_id = new_trace_id();
     let current = client
         .clone()
@@ -1912,20 +1899,7 @@ async fn the_sampler_named_exports_whole_journeys_or_none(backend: Backend) {
         "relay",
         &["--users-url", &users_url, "run"],
     );
-    for id in &ids {
-        eventually("the student linked", LINK_DEADLINE, || {
-            let (mut client, id) = (client.clone(), id.clone());
-            async move {
-                let student = client
-                    .get_student(proto::student::v1::GetStudentRequest { id })
-                    .await
-                    .ok()?
-                    .into_inner();
-                (student.user_link_status() == UserLinkStatus::Linked).then_some(())
-            }
-        })
-        .await;
-    }
+    wait_until_linked(&client, &ids).await;
     for process in [&mut relay, &mut student, &mut users] {
         stop(process);
     }
@@ -1987,49 +1961,63 @@ async fn the_sampler_named_exports_whole_journeys_or_none(backend: Backend) {
 }
 
 /// README ("Following one student"): a sampler that is not parent-based decides each hop
-/// alone, whatever the caller decided: users-svc with `OTEL_TRACES_SAMPLER=traceidratio`
-/// at one half exports its CreateUser for a caller that did not sample a trace whose id is
-/// in the ratio, and not for a sampled caller's trace whose id is out of it.
+/// alone, whatever the hop before it decided. student-svc keeps the default
+/// (`parentbased_always_on`: the caller decides); the relay and users-svc run
+/// `OTEL_TRACES_SAMPLER=traceidratio` at one half. A student created under a caller's
+/// trace that is not sampled, whose id is in the ratio: its CreateStudent is not exported,
+/// its delivery and Users' execution are. One under a sampled caller's trace whose id is
+/// out of the ratio: only its CreateStudent is.
 async fn a_sampler_that_is_not_parent_based_overrules_the_caller(backend: Backend) {
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
     };
     let collector = Collector::start().await;
-    let sampler = [
+    let ratio = [
         ("OTEL_TRACES_SAMPLER", "traceidratio"),
         ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
     ];
-    let mut users = start_exporting_with(&dbs, &collector, &sampler, "users-svc", &[]);
-    let addr = serving(&mut users).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("endpoint")
-        .connect_lazy();
-    let client = proto::users::v1::users_service_client::UsersServiceClient::new(channel);
+    let mut users = start_exporting_with(&dbs, &collector, &ratio, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
+    let client = student_client(serving(&mut student).await);
     let high = Uuid::new_v4().as_u128() >> 64;
-    // (trace id, the caller's flags, exported): low 64 bits 0 are in any ratio, all ones
-    // in none below 1.
-    let calls = [
-        (format!("{high:016x}{:016x}", 0), "00", true),
-        (format!("{high:016x}{:016x}", u64::MAX), "01", false),
+    // (trace id, the caller's flags, spans exported by student-svc, the relay, users-svc):
+    // low 64 bits 0 are in any ratio above 0, all ones in none below 1.
+    let journeys = [
+        (format!("{high:016x}{:016x}", 0), "00", [0, 1, 1]),
+        (format!("{high:016x}{:016x}", u64::MAX), "01", [1, 0, 0]),
     ];
-    for (n, (trace_id, flags, _)) in calls.iter().enumerate() {
-        client
+    let mut ids = Vec::new();
+    for (n, (trace_id, flags, _)) in journeys.iter().enumerate() {
+        let request = with_trace_flags(student_request(n), trace_id, flags);
+        let created = client
             .clone()
-            .create_user(with_trace_flags(
-                conflicting_user_request(n),
-                trace_id,
-                flags,
-            ))
+            .create_student(request)
             .await
             .expect("created");
+        ids.push(created.into_inner().id);
     }
-    stop(&mut users);
-    for (trace_id, flags, exported) in &calls {
-        let spans = collector.spans_of(trace_id);
+    let mut relay = start_exporting_with(
+        &dbs,
+        &collector,
+        &ratio,
+        "relay",
+        &["--users-url", &users_url, "run"],
+    );
+    wait_until_linked(&client, &ids).await;
+    for process in [&mut relay, &mut student, &mut users] {
+        stop(process);
+    }
+    for (trace_id, flags, [by_student, by_relay, by_users]) in &journeys {
+        let spans = Spans(collector.spans_of(trace_id));
+        spans.all("student-svc", SpanKind::Server, *by_student);
+        spans.all("relay", SpanKind::Client, *by_relay);
+        spans.all("users-svc", SpanKind::Server, *by_users);
         assert_eq!(
-            spans.len(),
-            usize::from(*exported),
-            "caller's flags {flags}: {spans:#?}"
+            spans.0.len(),
+            by_student + by_relay + by_users,
+            "the caller's flags {flags}: {:#?}",
+            spans.0
         );
     }
 }
@@ -2097,7 +2085,7 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
     let missing = missing.to_string_lossy();
     // What is wrong, the variables that say it, and what the error must name.
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
         (
             "a CA file that is not there",
             &[
@@ -2115,12 +2103,20 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
             "a protocol not built in",
             &[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
-                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
             ],
-            "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL \"http/protobuf\"",
         ),
         (
             "a sampler that does not exist",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                ("OTEL_TRACES_SAMPLER", "sometimes"),
+            ],
+            "sometimes",
+        ),
+        (
+            "a sampler's ratio that is no number",
             &[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
                 ("OTEL_TRACES_SAMPLER", "traceidratio"),
@@ -2228,6 +2224,27 @@ async fn serving(process: &mut Process) -> std::net::SocketAddr {
         .await
         .expect("serving");
     addr
+}
+
+/// Waits until each of the students `ids` is linked to its user.
+async fn wait_until_linked<'a>(
+    client: &StudentServiceClient<tonic::transport::Channel>,
+    ids: impl IntoIterator<Item = &'a String>,
+) {
+    for id in ids {
+        eventually("the student linked", LINK_DEADLINE, || {
+            let (mut client, id) = (client.clone(), id.clone());
+            async move {
+                let student = client
+                    .get_student(proto::student::v1::GetStudentRequest { id })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (student.user_link_status() == UserLinkStatus::Linked).then_some(())
+            }
+        })
+        .await;
+    }
 }
 
 fn student_client(addr: std::net::SocketAddr) -> StudentServiceClient<tonic::transport::Channel> {

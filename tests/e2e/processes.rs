@@ -377,9 +377,9 @@ async fn rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_l
 /// line; 300 CreateUser calls (tens of thousands of lines: more than the pipe and the
 /// writer's queue hold) each answer within 10 s, every user is stored, the lines that did
 /// not fit are counted in `log_lines_dropped_total`, and SIGTERM still stops it cleanly
-/// and soon, though its stdout is that same full pipe (where the log writer's own guard,
-/// dropped inline, would report its timeout and block for good). With the lines written
-/// by the code that logs, the first call past a full pipe never answers.
+/// and soon, though its stdout is that same full pipe and the writer is stuck in a write
+/// to it (the process stops waiting for the writer after about a second). With the lines
+/// written by the code that logs, the first call past a full pipe never answers.
 async fn a_log_reader_that_stops_reading_stops_no_service(backend: Backend) {
     use std::io::BufRead as _;
 
