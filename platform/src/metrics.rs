@@ -49,6 +49,13 @@ pub async fn serve(
         .install_recorder()
         .context("cannot install the metrics recorder")?;
     describe_metrics();
+    if crate::otlp::exporting() {
+        // From the first scrape, so that `increase()` sees the first span of each.
+        metrics::counter!(crate::otlp::SPANS_ENDED).increment(0);
+        for result in ["sent", "failed"] {
+            metrics::counter!(crate::otlp::SPANS_EXPORTED, "result" => result).increment(0);
+        }
+    }
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen for metrics on {addr}"))?;
@@ -110,6 +117,14 @@ fn describe_metrics() {
     metrics::describe_counter!(
         LOG_LINES_DROPPED,
         "Log lines dropped: stderr's reader did not keep up (the writer's queue was full), or writing them failed"
+    );
+    metrics::describe_counter!(
+        crate::otlp::SPANS_ENDED,
+        "Spans ended and handed to the OTLP exporter's queue (only with a collector named)"
+    );
+    metrics::describe_counter!(
+        crate::otlp::SPANS_EXPORTED,
+        "Spans in batches sent to the OTLP collector: sent (taken) or failed (lost)"
     );
     metrics::describe_counter!(
         crate::db::SQLITE_WRITE_LOCK_WAITS,

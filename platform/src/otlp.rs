@@ -24,6 +24,9 @@
 //! Exporting never slows or fails a call: finished spans go to the SDK's batch processor,
 //! which sends them from a thread of its own and drops them when its queue is full or the
 //! collector is away. A process that stops normally sends what is queued ([`Exporter::stop`]).
+//! What became of them is counted for `/metrics`: spans ended (`trace_spans_ended_total`),
+//! and spans whose batch the collector took or did not (`trace_spans_exported_total{result}`,
+//! `sent` or `failed`).
 
 use std::{borrow::Cow, sync::OnceLock, time::SystemTime};
 
@@ -39,9 +42,10 @@ use opentelemetry::{
 use opentelemetry_otlp::WithTonicConfig as _;
 use opentelemetry_sdk::{
     Resource,
+    error::OTelSdkResult,
     trace::{
         BatchSpanProcessor, Sampler, SamplingDecision, ShouldSample as _, SpanData, SpanEvents,
-        SpanLinks, SpanProcessor as _,
+        SpanExporter, SpanLinks, SpanProcessor as _,
     },
 };
 
@@ -104,7 +108,7 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     let exporter = exporter
         .build()
         .context("cannot set up the OTLP span exporter (see OTEL_EXPORTER_OTLP_ENDPOINT)")?;
-    let mut processor = BatchSpanProcessor::builder(exporter).build();
+    let mut processor = BatchSpanProcessor::builder(Counted(exporter)).build();
     // The SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; neither naming the
     // service, it is called `unknown_service`: then the binary's name.
     let mut resource = Resource::builder().build();
@@ -189,6 +193,43 @@ fn decide(sampler: &Sampler, trace_id: u128, parent: Option<(u64, bool)>) -> boo
         .should_sample(parent.as_ref(), trace_id, "", &SpanKind::Internal, &[], &[])
         .decision;
     decision == SamplingDecision::RecordAndSample
+}
+
+/// Spans ended and handed to the exporter's queue.
+pub const SPANS_ENDED: &str = "trace_spans_ended_total";
+/// Spans in batches sent to the collector, by `result`: `sent` (it took them) or `failed`
+/// (it was away, refused them, or did not answer in time; the SDK does not send them again).
+pub const SPANS_EXPORTED: &str = "trace_spans_exported_total";
+
+/// Whether this process exports spans ([`start`] set up a collector).
+pub fn exporting() -> bool {
+    PROCESSOR.get().is_some()
+}
+
+/// The exporter, counting what becomes of each batch it sends.
+#[derive(Debug)]
+struct Counted<E>(E);
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len() as u64;
+        let exported = self.0.export(batch).await;
+        let result = if exported.is_ok() { "sent" } else { "failed" };
+        metrics::counter!(SPANS_EXPORTED, "result" => result).increment(spans);
+        exported
+    }
+
+    fn shutdown_with_timeout(&self, timeout: std::time::Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.0.set_resource(resource);
+    }
 }
 
 /// The value of the first of `variables` that is set and not empty.
@@ -365,6 +406,7 @@ impl Drop for ExportedSpan {
         let (Some(open), Some(processor)) = (self.0.take(), PROCESSOR.get()) else {
             return;
         };
+        metrics::counter!(SPANS_ENDED).increment(1);
         let Open {
             trace,
             name,

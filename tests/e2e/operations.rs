@@ -61,6 +61,7 @@ on_both_backends!(
     the_direct_flows_call_to_users_is_a_span_of_the_callers_trace,
     the_sampler_named_exports_whole_journeys_or_none,
     a_sampler_that_is_not_parent_based_overrules_the_caller,
+    spans_the_collector_did_not_take_are_counted,
     spans_reach_an_https_collector_trusted_through_the_ca_file_named,
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
     the_direct_flow_carries_the_callers_trace_to_users,
@@ -321,8 +322,9 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
     assert_eq!(rejected("INVALID_ARGUMENT"), 1.0, "{users}");
 
     // Every metric and label the alert rules and the dashboard name is one these processes
-    // export (SQLite's write lock has no PostgreSQL counterpart: only SQLite exports it),
-    // or a label Prometheus gives every series it scrapes.
+    // export (SQLite's write lock has no PostgreSQL counterpart: only SQLite exports it;
+    // the span counts need a collector named, and `spans_the_collector_did_not_take_are_counted`
+    // checks them in its scrapes), or a label Prometheus gives every series it scrapes.
     const TARGET_LABELS: [&str; 2] = ["job", "instance"];
     let scrapes = [&student, &users, &relay];
     let exported: BTreeSet<String> = scrapes.iter().flat_map(|s| exported_names(s)).collect();
@@ -333,6 +335,7 @@ async fn metrics_of_each_process_move_as_work_is_done(backend: Backend) {
         for name in promql_names(expr) {
             if TARGET_LABELS.contains(&name.as_str())
                 || (backend == Backend::Postgres && name == platform::db::SQLITE_WRITE_LOCK_WAITS)
+                || WITH_A_COLLECTOR.contains(&name.as_str())
             {
                 continue;
             }
@@ -517,7 +520,9 @@ async fn what_the_alerts_watch_moves_when_deliveries_go_wrong(backend: Backend) 
         scrape(relay_metrics).await,
     ];
     for (name, labels) in alert_test_series() {
-        if backend == Backend::Postgres && name == platform::db::SQLITE_WRITE_LOCK_WAITS {
+        if (backend == Backend::Postgres && name == platform::db::SQLITE_WRITE_LOCK_WAITS)
+            || WITH_A_COLLECTOR.contains(&name.as_str())
+        {
             continue;
         }
         assert!(
@@ -2020,6 +2025,125 @@ async fn a_sampler_that_is_not_parent_based_overrules_the_caller(backend: Backen
             spans.0
         );
     }
+}
+
+/// README ("Following one student", "Metrics"): what became of the spans is counted.
+/// The counts are exported at 0 from the first scrape. users-svc exporting to an address
+/// where no collector listens (a batch every 100 ms) answers five CreateUser calls; their
+/// five spans are counted ended, and failed, none sent. Exporting to a live collector, five more are ended and sent, none failed, and the
+/// collector holds them.
+async fn spans_the_collector_did_not_take_are_counted(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let nobody = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        format!("http://{}", listener.local_addr().expect("its address"))
+    };
+    for (round, endpoint) in [(0, nobody), (1, collector.endpoint())] {
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ];
+        let args = ["--metrics-addr", "127.0.0.1:0"];
+        let mut users = start_exporting_with(&dbs, &collector, &env, "users-svc", &args);
+        let addr = serving(&mut users).await;
+        let metrics = metrics_addr_in(users.log_path());
+        // Exported at 0 before any span, so that an alert's `increase()` sees the first.
+        let before = scrape(metrics).await;
+        for series in [
+            "trace_spans_ended_total 0",
+            "trace_spans_exported_total{result=\"sent\"} 0",
+            "trace_spans_exported_total{result=\"failed\"} 0",
+        ] {
+            assert!(
+                before.lines().any(|line| line == series),
+                "{series}:\n{before}"
+            );
+        }
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_lazy();
+        let client = proto::users::v1::users_service_client::UsersServiceClient::new(channel);
+        let mut traces = Vec::new();
+        for n in 0..5 {
+            let trace_id = new_trace_id();
+            client
+                .clone()
+                .create_user(with_trace(
+                    conflicting_user_request(10 * round + n),
+                    &trace_id,
+                ))
+                .await
+                .expect("created");
+            traces.push(trace_id);
+        }
+        let (sent, failed) = if round == 0 { (0.0, 5.0) } else { (5.0, 0.0) };
+        let counted = eventually(
+            "every span's batch sent or failed",
+            LINK_DEADLINE,
+            || async {
+                let text = scrape(metrics).await;
+                let exported =
+                    |result| sample(&text, "trace_spans_exported_total", &[("result", result)]);
+                let counts = (
+                    sample(&text, "trace_spans_ended_total", &[]),
+                    exported("sent"),
+                    exported("failed"),
+                );
+                (counts.1 + counts.2 >= 5.0).then_some(counts)
+            },
+        )
+        .await;
+        assert_eq!(counted, (5.0, sent, failed), "round {round}");
+        // What ops/ names of these metrics is what the binary exports, down to the label
+        // values its alert tests feed (the other metrics are checked by
+        // `metrics_of_each_process_move_as_work_is_done`, without a collector).
+        let text = scrape(metrics).await;
+        let names = ops_expressions()
+            .iter()
+            .flat_map(|expr| promql_names(expr))
+            .filter(|name| name.starts_with("trace_spans_"))
+            .collect::<Vec<_>>();
+        assert!(!names.is_empty());
+        for name in names {
+            assert!(exported_names(&text).contains(&name), "{name}:\n{text}");
+        }
+        for (name, labels) in alert_test_series() {
+            if WITH_A_COLLECTOR.contains(&name.as_str()) {
+                for (key, value) in &labels {
+                    if !["job", "instance"].contains(&key.as_str()) {
+                        assert!(
+                            has_label_value(&text, &name, key, value),
+                            "{name} {key}={value}"
+                        );
+                    }
+                }
+            }
+        }
+        stop(&mut users);
+        let received: usize = traces
+            .iter()
+            .map(|trace_id| collector.spans_of(trace_id).len())
+            .sum();
+        assert_eq!(received, if round == 0 { 0 } else { 5 }, "round {round}");
+    }
+}
+
+/// The metrics a binary exports only with a collector named.
+const WITH_A_COLLECTOR: [&str; 2] = [platform::otlp::SPANS_ENDED, platform::otlp::SPANS_EXPORTED];
+
+/// The address the last process to write the log `log` logged as `metrics_addr=`.
+fn metrics_addr_in(log: &std::path::Path) -> std::net::SocketAddr {
+    let text = std::fs::read_to_string(log).expect("the log");
+    let (_, rest) = text
+        .rsplit_once("metrics_addr=")
+        .unwrap_or_else(|| panic!("no metrics_addr= in {text}"));
+    rest.split_whitespace()
+        .next()
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("no address after metrics_addr= in {text}"))
 }
 
 /// README ("Following one student"): an `https://` collector is trusted through the CA file
