@@ -8,9 +8,11 @@
 //!
 //! Why batches: handing each line to a sleeping thread wakes it, a system call and a switch
 //! of threads per line on cores the services need. Here only the first line queued after the
-//! writer took the last batch wakes it; the writer then lets lines gather for [`GATHER`] and
-//! writes them with one `write`. A busy service thus costs a few hundred wake-ups and writes
-//! a second, however many lines it logs, and an idle one none.
+//! writer took the last batch wakes it, and the writer writes at most once every [`GATHER`]:
+//! a line after a quiet spell is written at once, and the lines that come while a write is
+//! recent wait for the rest of [`GATHER`] and go out together with one `write`. A busy
+//! service thus costs a few hundred wake-ups and writes a second, however many lines it
+//! logs, and an idle one none.
 //!
 //! Crash points: the queue lives in memory. A process that ends normally writes it out
 //! ([`LogWriter`]'s drop); a crash (SIGKILL, an abort) loses what was queued: up to
@@ -25,13 +27,13 @@ use std::{
         mpsc,
     },
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use tracing_subscriber::fmt::MakeWriter;
 
-/// How long the writer lets lines gather after the first one woke it: the delay a line may
-/// wait before it is written, and what a crash may lose of a healthy log.
+/// The shortest time between two writes: the longest a line may wait before it is
+/// written, and what a crash may lose of a healthy log.
 pub const GATHER: Duration = Duration::from_millis(5);
 
 /// A batch buffer that grew past this (a burst of long lines) is given back once written,
@@ -60,9 +62,13 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Signalled when the first line enters an empty queue, and when the process stops.
     wake: Condvar,
+    /// Signalled when the process stops: cuts a gather short. (Not `wake`, which each
+    /// batch's first line signals, so that a gather is not woken by its own lines.)
+    stop: Condvar,
     /// Lines dropped: the queue was full, the writer was gone, or writing them failed.
     dropped: AtomicU64,
     limits: Limits,
+    gather: Duration,
 }
 
 /// Marks the writer gone when its thread ends, however it ends.
@@ -98,11 +104,12 @@ impl Shared {
         }
     }
 
-    /// The writer thread: waits for a first line, lets more gather, writes them all at once.
-    /// Returns once the process stops and the queue is written out.
+    /// The writer thread: waits for a line, lets more gather while the last write is recent,
+    /// writes them all at once. Returns once the process stops and the queue is written out.
     fn write_lines(&self, out: &mut dyn Write) {
         // Two buffers swapped back and forth: a busy log allocates nothing.
         let mut batch = Vec::new();
+        let mut last_write: Option<Instant> = None;
         loop {
             let mut queue = self.queue();
             while queue.lines == 0 && !queue.stopping {
@@ -114,10 +121,13 @@ impl Shared {
             if queue.lines == 0 {
                 return;
             }
-            if !queue.stopping {
-                drop(queue);
-                thread::sleep(GATHER);
-                queue = self.queue();
+            let since = last_write.map_or(self.gather, |at| at.elapsed());
+            if since < self.gather {
+                queue = self
+                    .stop
+                    .wait_timeout_while(queue, self.gather - since, |queue| !queue.stopping)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
             }
             mem::swap(&mut queue.bytes, &mut batch);
             let lines = mem::take(&mut queue.lines);
@@ -128,6 +138,7 @@ impl Shared {
             if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
                 self.dropped.fetch_add(lines as u64, Ordering::Relaxed);
             }
+            last_write = Some(Instant::now());
             if batch.capacity() > KEEP_CAPACITY {
                 batch = Vec::new();
             } else {
@@ -181,17 +192,20 @@ pub struct LogWriter {
 
 impl LogWriter {
     /// Starts the thread `log-writer` writing to `out`, with room for `limits` of queued
-    /// lines.
+    /// lines, a write at most every `gather` ([`GATHER`]).
     pub fn start(
         out: impl Write + Send + 'static,
         limits: Limits,
+        gather: Duration,
         final_write: Duration,
     ) -> io::Result<(Self, Lines)> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
+            stop: Condvar::new(),
             dropped: AtomicU64::new(0),
             limits,
+            gather,
         });
         let (done, finished) = mpsc::channel();
         let writer = Arc::clone(&shared);
@@ -225,6 +239,7 @@ impl Drop for LogWriter {
     fn drop(&mut self) {
         self.shared.queue().stopping = true;
         self.shared.wake.notify_one();
+        self.shared.stop.notify_one();
         let _ = self.finished.recv_timeout(self.final_write);
     }
 }
@@ -337,7 +352,7 @@ mod tests {
     fn lines_queued_when_the_process_stops_are_written_in_order() {
         let sink = Sink::new();
         let (writer, lines) =
-            LogWriter::start(sink.clone(), room_for(100), Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink.clone(), room_for(100), GATHER, Duration::from_secs(10)).unwrap();
         for n in 0..50 {
             log(&lines, &format!("line {n}\n"));
         }
@@ -355,7 +370,7 @@ mod tests {
         let mut sink = Sink::new();
         sink.written = Some(written);
         let (_writer, lines) =
-            LogWriter::start(sink.clone(), room_for(100), Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink.clone(), room_for(100), GATHER, Duration::from_secs(10)).unwrap();
         for n in 0..5 {
             log(&lines, &format!("line {n}\n"));
             writes
@@ -366,14 +381,50 @@ mod tests {
         assert_eq!(sink.batches().concat(), expected);
     }
 
+    /// Writes are at least a gather apart (an hour here): a line after a quiet spell is
+    /// written at once, the lines that follow a recent write wait, and go out together
+    /// (here at the stop).
+    #[test]
+    fn lines_that_follow_a_recent_write_wait_and_go_out_together() {
+        let (written, writes) = mpsc::channel();
+        let mut sink = Sink::new();
+        sink.written = Some(written);
+        let hour = Duration::from_secs(3600);
+        let (writer, lines) =
+            LogWriter::start(sink.clone(), room_for(100), hour, Duration::from_secs(10)).unwrap();
+        log(&lines, "after a quiet spell\n");
+        writes
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a line after a quiet spell is written at once");
+        log(&lines, "right after a write\n");
+        assert!(
+            writes.recv_timeout(Duration::from_millis(200)).is_err(),
+            "written though the last write is recent"
+        );
+        log(&lines, "and another\n");
+        drop(writer);
+        assert_eq!(
+            sink.batches(),
+            [
+                "after a quiet spell\n",
+                "right after a write\nand another\n"
+            ]
+        );
+    }
+
     /// The point of the batches: lines that arrive while the writer is busy are written with
     /// one `write`, not one each. The sink holds the writer in its first write while 999
     /// more lines are queued, so the count of writes is exact.
     #[test]
     fn lines_queued_while_the_writer_writes_go_out_in_one_write() {
         let (sink, held) = Sink::holding_its_first_write();
-        let (writer, lines) =
-            LogWriter::start(sink.clone(), room_for(10_000), Duration::from_secs(10)).unwrap();
+        let (writer, lines) = LogWriter::start(
+            sink.clone(),
+            room_for(10_000),
+            GATHER,
+            Duration::from_secs(10),
+        )
+        .unwrap();
         log(&lines, "first\n");
         held.entered.recv().unwrap();
         for n in 1..1000 {
@@ -394,8 +445,13 @@ mod tests {
     #[test]
     fn a_full_queue_drops_and_counts_new_lines_instead_of_waiting() {
         let (sink, held) = Sink::holding_its_first_write();
-        let (writer, lines) =
-            LogWriter::start(sink.clone(), room_for(10), Duration::from_millis(50)).unwrap();
+        let (writer, lines) = LogWriter::start(
+            sink.clone(),
+            room_for(10),
+            GATHER,
+            Duration::from_millis(50),
+        )
+        .unwrap();
         log(&lines, "taken by the writer\n");
         held.entered.recv().unwrap();
         for n in 0..25 {
@@ -411,7 +467,7 @@ mod tests {
         let mut sink = Sink::new();
         sink.fail = true;
         let (writer, lines) =
-            LogWriter::start(sink, room_for(100), Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink, room_for(100), GATHER, Duration::from_secs(10)).unwrap();
         for n in 0..7 {
             log(&lines, &format!("line {n}\n"));
         }
@@ -429,7 +485,7 @@ mod tests {
             bytes: 25,
         };
         let (writer, lines) =
-            LogWriter::start(sink.clone(), limits, Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink.clone(), limits, GATHER, Duration::from_secs(10)).unwrap();
         log(&lines, "taken by the writer\n");
         held.entered.recv().unwrap();
         for _ in 0..10 {
@@ -451,7 +507,7 @@ mod tests {
     fn lines_logged_once_the_writer_is_gone_are_counted_as_dropped() {
         let sink = Sink::new();
         let (writer, lines) =
-            LogWriter::start(sink.clone(), room_for(100), Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink.clone(), room_for(100), GATHER, Duration::from_secs(10)).unwrap();
         log(&lines, "before the stop\n");
         drop(writer);
         for n in 0..3 {
@@ -463,7 +519,7 @@ mod tests {
         let mut sink = Sink::new();
         sink.panic = true;
         let (writer, lines) =
-            LogWriter::start(sink, room_for(100), Duration::from_secs(10)).unwrap();
+            LogWriter::start(sink, room_for(100), GATHER, Duration::from_secs(10)).unwrap();
         log(&lines, "the writer dies writing this\n");
         // Returns once the writer's thread ended, its panic unwound.
         drop(writer);

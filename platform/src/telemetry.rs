@@ -15,7 +15,7 @@ use std::{fmt, io::IsTerminal as _, sync::OnceLock, time::Duration};
 use anyhow::Context as _;
 
 pub use crate::log_writer::LogWriter;
-use crate::log_writer::{Limits, Lines};
+use crate::log_writer::{GATHER, Limits, Lines};
 
 use serde_json::{Map, Value};
 use tracing::{
@@ -65,7 +65,7 @@ const FINAL_WRITE: Duration = Duration::from_millis(1200);
 /// Installs the global subscriber; call once, first thing in `main` after parsing flags,
 /// and keep what it returns until `main` ends.
 pub fn init(format: LogFormat) -> anyhow::Result<LogWriter> {
-    let (writer, lines) = LogWriter::start(std::io::stderr(), QUEUED, FINAL_WRITE)
+    let (writer, lines) = LogWriter::start(std::io::stderr(), QUEUED, GATHER, FINAL_WRITE)
         .context("cannot start the log writer")?;
     let _ = LOG_LINES.set(lines.clone());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));

@@ -2200,7 +2200,7 @@ async fn spans_reach_an_https_collector_trusted_through_the_ca_file_named(backen
 
 /// README ("Following one student"): a collector endpoint, CA file, protocol or sampler the
 /// exporter cannot use stops the binary at start, naming it; the relay's one-shot commands
-/// exit 2.
+/// exit 2. Without an endpoint, a sampler it could not use stops nothing: it is not read.
 async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: Backend) {
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
@@ -2285,6 +2285,19 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
             assert!(stderr.contains(named), "{binary}, {case}: {stderr}");
         }
     }
+    // Without a collector named, nothing of the exporter's is read: with the same sampler
+    // the relay goes on to its database (which has no schema yet here: what it says).
+    let output = tokio::process::Command::new(binaries().join("relay"))
+        .args(["--database-url", &dbs.student_url, "status"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("OTEL_TRACES_SAMPLER", "sometimes")
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no schema yet"), "{stderr}");
+    assert!(!stderr.contains("sometimes"), "{stderr}");
 }
 
 /// The span id of the caller `with_trace` makes every request come from.
@@ -2562,7 +2575,15 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
         })
         .await;
     }
-    // users-svc (JSON): the creation and the replay carry `trace_id` as a field.
+    // users-svc (JSON): the creation and the replay carry `trace_id` as a field. Its lines
+    // are written by a thread of their own, so the replay's may follow its answer.
+    eventually("Users logs the replay", LINK_DEADLINE, || async {
+        json_messages(&stack.log_of("users-svc"), &trace_id)
+            .iter()
+            .any(|message| message == "answered from the inbox")
+            .then_some(())
+    })
+    .await;
     let users_log = stack.log_of("users-svc");
     let messages = json_messages(&users_log, &trace_id);
     assert!(
@@ -2620,6 +2641,9 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
         .and_then(|row| row.traceparent.clone())
         .expect("a trace stored");
     let fresh = stored.split('-').nth(1).expect("a trace id");
+    // With no collector named, a trace started here is marked sampled, so that a process
+    // further on that exports spans exports its hops.
+    assert!(stored.ends_with("-01"), "{stored}");
     assert_eq!(fresh.len(), 32);
     assert!(
         fresh
