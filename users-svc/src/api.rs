@@ -91,7 +91,7 @@ impl UsersApi {
     }
 
     /// UpdateUser and DisableUser (`rpc`): one change of a user, as a keyed request, its
-    /// answer `reply(user_id, applied)`.
+    /// answer `reply(user_id, applied)`; the call is the trace's span `rpc`.
     async fn change<T, R>(
         &self,
         request: Request<T>,
@@ -101,15 +101,20 @@ impl UsersApi {
     where
         UserChange: TryFrom<T, Error = Error>,
     {
-        platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
-        let mode = self.mode(&request)?;
-        let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
-        let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
-        metrics::inbox_request(rpc, &answer);
-        let answer = answer?;
-        encode_answer(answer, |outcome| {
-            applied(outcome).map(|(user_id, applied)| reply(user_id, applied))
-        })
+        let span = traced(&request, rpc);
+        let answer = async {
+            platform::failpoint::hit(platform::failpoint::points::USERS_ON_REQUEST).await;
+            let mode = self.mode(&request)?;
+            let change = UserChange::try_from(request.into_inner()).map_err(metrics::invalid)?;
+            let answer = change_user::change_user(&self.db, &self.answers, change, mode).await;
+            metrics::inbox_request(rpc, &answer);
+            let answer = answer?;
+            encode_answer(answer, |outcome| {
+                applied(outcome).map(|(user_id, applied)| reply(user_id, applied))
+            })
+        }
+        .await;
+        span.ended(answer)
     }
 
     /// Decodes one CreateUsers item: its request, the [`Mode`] of its key, its trace.
@@ -272,16 +277,13 @@ impl UsersService for UsersApi {
         &self,
         request: Request<UpdateUserRequest>,
     ) -> Result<Response<UpdateUserResponse>, Status> {
-        let span = traced(&request, "UpdateUser");
-        let answer = self
-            .change(request, "UpdateUser", |user_id, applied| {
-                UpdateUserResponse {
-                    user_id: user_id.to_string(),
-                    applied,
-                }
-            })
-            .await;
-        span.ended(answer)
+        self.change(request, "UpdateUser", |user_id, applied| {
+            UpdateUserResponse {
+                user_id: user_id.to_string(),
+                applied,
+            }
+        })
+        .await
     }
 
     #[tracing::instrument(name = "DisableUser", skip_all, fields(trace_id))]
@@ -289,16 +291,13 @@ impl UsersService for UsersApi {
         &self,
         request: Request<DisableUserRequest>,
     ) -> Result<Response<DisableUserResponse>, Status> {
-        let span = traced(&request, "DisableUser");
-        let answer = self
-            .change(request, "DisableUser", |user_id, applied| {
-                DisableUserResponse {
-                    user_id: user_id.to_string(),
-                    applied,
-                }
-            })
-            .await;
-        span.ended(answer)
+        self.change(request, "DisableUser", |user_id, applied| {
+            DisableUserResponse {
+                user_id: user_id.to_string(),
+                applied,
+            }
+        })
+        .await
     }
 
     #[tracing::instrument(name = "GetUser", skip_all, fields(trace_id))]
