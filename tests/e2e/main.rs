@@ -20,6 +20,7 @@ mod relay_delivery;
 mod security;
 mod student_changes;
 mod student_service;
+mod traces;
 mod upgrades;
 mod user_changes;
 mod users_service;

@@ -5,6 +5,10 @@ use std::{collections::BTreeSet, net::SocketAddr, path::Path};
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+/// The metrics a binary exports only with a collector named.
+pub const WITH_A_COLLECTOR: [&str; 2] =
+    [platform::otlp::SPANS_ENDED, platform::otlp::SPANS_EXPORTED];
+
 /// The body of `GET /metrics` at `addr`.
 pub async fn scrape(addr: SocketAddr) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr)
