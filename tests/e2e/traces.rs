@@ -9,9 +9,12 @@ use std::{collections::BTreeSet, time::Duration};
 use devstack::{Process, wait_until_serving};
 use nix::sys::signal::Signal;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use proto::student::v1::{UserLinkStatus, student_service_client::StudentServiceClient};
+use proto::student::v1::{
+    CreateStudentRequest, UserLinkStatus, student_service_client::StudentServiceClient,
+};
 use sea_orm::{EntityTrait as _, QueryOrder as _};
 use student_store::entity::outbox;
+use tonic::Code;
 use uuid::Uuid;
 
 use crate::{
@@ -26,6 +29,7 @@ use crate::{
             WITH_A_COLLECTOR, alert_test_series, exported_names, has_label_value, ops_expressions,
             promql_names, sample, scrape,
         },
+        refusing_addr,
         stack::{LINK_DEADLINE, Stack, binaries},
         student_request,
     },
@@ -42,6 +46,7 @@ on_both_backends!(
     spans_the_collector_did_not_take_are_counted,
     spans_reach_an_https_collector_trusted_through_the_ca_file_named,
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
+    a_span_is_an_error_only_when_its_hop_failed,
 );
 
 /// Rows sent together (one CreateUsers call) belong to different students' journeys:
@@ -327,6 +332,136 @@ async fn the_direct_flows_call_to_users_is_a_span_of_the_callers_trace(backend: 
     assert_eq!(execution.span.name, "users.v1.UsersService/CreateUser");
     assert_eq!(execution.span.parent_span_id, to_users.span.span_id);
     assert_eq!(spans.0.len(), 3, "nothing else: {:#?}", spans.0);
+}
+
+/// README ("Following one student"): a span's status says whether its hop failed, as
+/// OpenTelemetry's gRPC conventions have it. A client span is an error for every code but
+/// `OK`; a server span only for the codes that mean the server failed, so a CreateStudent
+/// refused for its input is not an error (the caller's), while the baseline's CreateStudent
+/// that could not reach Users is, and so is its call to Users. The relay's delivery of a
+/// row while Users cannot be reached is an error, `retried`; the delivery that links the
+/// row later is not, nor are Users' execution and the CreateStudent that stored the row.
+async fn a_span_is_an_error_only_when_its_hop_failed(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let (_refusing, nobody) = refusing_addr();
+    let nobody = format!("http://{nobody}");
+    let mut direct = start_exporting(
+        &dbs,
+        &collector,
+        "student-svc",
+        &["--link-mode", "direct", "--users-url", &nobody],
+    );
+    let unreachable_trace = new_trace_id();
+    let unreachable = student_client(serving(&mut direct).await)
+        .create_student(with_trace(student_request(0), &unreachable_trace))
+        .await
+        .expect_err("Users cannot be reached");
+    assert_eq!(unreachable.code(), Code::Unavailable, "{unreachable:?}");
+    stop(&mut direct);
+
+    let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
+    let client = student_client(serving(&mut student).await);
+    let refused_trace = new_trace_id();
+    let refused = client
+        .clone()
+        .create_student(with_trace(
+            CreateStudentRequest {
+                email: "not an address".into(),
+                ..student_request(1)
+            },
+            &refused_trace,
+        ))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let journey_trace = new_trace_id();
+    let id = client
+        .clone()
+        .create_student(with_trace(student_request(2), &journey_trace))
+        .await
+        .expect("created")
+        .into_inner()
+        .id;
+    let mut relay = start_exporting(&dbs, &collector, "relay", &["--users-url", &nobody, "run"]);
+    let student_db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("Student DB");
+    eventually("the row retried", LINK_DEADLINE, || async {
+        let rows = outbox::Entity::find()
+            .all(&student_db)
+            .await
+            .expect("outbox rows");
+        (rows.len() == 1 && rows[0].attempts > 0).then_some(())
+    })
+    .await;
+    stop(&mut relay);
+    let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let mut relay = start_exporting(
+        &dbs,
+        &collector,
+        "relay",
+        &["--users-url", &users_url, "run"],
+    );
+    wait_until_linked(&client, [&id]).await;
+    for process in [&mut relay, &mut student, &mut users] {
+        stop(process);
+    }
+
+    // The status OTLP carries: its code (0 unset, 1 ok, 2 error) and message.
+    let status = |span: &ReceivedSpan| {
+        let status = span.span.status.clone().unwrap_or_default();
+        (status.code, status.message)
+    };
+    let code = |span: &ReceivedSpan| span.attribute("rpc.grpc.status_code");
+    let unreachable = Spans(collector.spans_of(&unreachable_trace));
+    for kind in [SpanKind::Server, SpanKind::Client] {
+        let span = unreachable.only("student-svc", kind);
+        assert_eq!(code(&span).as_deref(), Some("14"), "UNAVAILABLE: {span:#?}");
+        assert_eq!(status(&span).0, 2, "an error: {span:#?}");
+        assert!(!status(&span).1.is_empty(), "with the reason: {span:#?}");
+    }
+    assert_eq!(unreachable.0.len(), 2, "nothing else: {:#?}", unreachable.0);
+
+    let refused = Spans(collector.spans_of(&refused_trace));
+    let call = refused.only("student-svc", SpanKind::Server);
+    assert_eq!(
+        code(&call).as_deref(),
+        Some("3"),
+        "INVALID_ARGUMENT: {call:#?}"
+    );
+    assert_eq!(
+        status(&call),
+        (0, String::new()),
+        "not the server's error: {call:#?}"
+    );
+    assert_eq!(refused.0.len(), 1, "nothing else: {:#?}", refused.0);
+
+    let journey = Spans(collector.spans_of(&journey_trace));
+    let call = journey.only("student-svc", SpanKind::Server);
+    assert_eq!(code(&call).as_deref(), Some("0"), "{call:#?}");
+    assert_eq!(status(&call), (0, String::new()), "{call:#?}");
+    let deliveries = journey.all("relay", SpanKind::Client, 2);
+    let outcomes: Vec<_> = deliveries
+        .iter()
+        .map(|delivery| (delivery.attribute("outbox.outcome"), status(delivery).0))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (Some("retried".to_owned()), 2),
+            (Some("linked".to_owned()), 0)
+        ],
+        "{deliveries:#?}"
+    );
+    assert!(!status(&deliveries[0]).1.is_empty(), "{deliveries:#?}");
+    let execution = journey.only("users-svc", SpanKind::Server);
+    assert_eq!(code(&execution).as_deref(), Some("0"), "{execution:#?}");
+    assert_eq!(status(&execution), (0, String::new()), "{execution:#?}");
+    assert_eq!(journey.0.len(), 4, "nothing else: {:#?}", journey.0);
 }
 
 /// README ("Following one student"): with `OTEL_TRACES_SAMPLER=parentbased_traceidratio`
