@@ -192,13 +192,9 @@ impl Relay {
         lease_ends: Instant,
     ) -> anyhow::Result<(Delivery, i64)> {
         let (trace, span) = row_trace(&row);
-        let exported = delivery_span(&row, trace);
-        let sent = self
-            .send_traced(row, lease_ends, trace)
+        self.send_traced(row, lease_ends, trace)
             .instrument(span)
-            .await;
-        end_delivery_span(exported, &sent);
-        sent
+            .await
     }
 
     async fn send_traced(
@@ -212,10 +208,17 @@ impl Relay {
         // call must still fit in the lease after it.
         let user = self.user_to_change(&row).await?;
         if !self.lease_covers_a_call(lease_ends) {
+            // Nothing is sent, so no delivery span: the row's next delivery has one.
             return Ok(Self::unsent_for_its_lease(&row));
         }
+        let exported = delivery_span(&row, trace);
         let effect = row.effect_type.clone();
-        let delivery = self.deliver(row, user, trace, lease_ends).await?;
+        let sent = self
+            .deliver(row, user, trace, lease_ends)
+            .await
+            .map(|delivery| (delivery, id));
+        end_delivery_span(exported, &sent);
+        let (delivery, id) = sent?;
         metrics::delivery(&effect, delivery.outcome());
         Ok((delivery, id))
     }

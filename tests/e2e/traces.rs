@@ -47,6 +47,7 @@ on_both_backends!(
     spans_reach_an_https_collector_trusted_through_the_ca_file_named,
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
     a_span_is_an_error_only_when_its_hop_failed,
+    a_row_handed_back_unsent_has_no_delivery_span,
 );
 
 /// Rows sent together (one CreateUsers call) belong to different students' journeys:
@@ -462,6 +463,83 @@ async fn a_span_is_an_error_only_when_its_hop_failed(backend: Backend) {
     assert_eq!(code(&execution).as_deref(), Some("0"), "{execution:#?}");
     assert_eq!(status(&execution), (0, String::new()), "{execution:#?}");
     assert_eq!(journey.0.len(), 4, "nothing else: {:#?}", journey.0);
+}
+
+/// README ("Following one student"): a delivery span stands for a call to Users. A row the
+/// relay hands back unsent, because its lease has less left than a call may take, has no
+/// span; the delivery that sends it later has one. The relay (5 s lease, 3 s calls) stalls
+/// 2.5 s after its first claim, so it hands back every row of that claim, claims them again
+/// and sends each once; both ways a row is sent are checked, alone (`--rows-per-call 1`,
+/// one student) and in a CreateUsers call (two students).
+async fn a_row_handed_back_unsent_has_no_delivery_span(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
+    let client = student_client(serving(&mut student).await);
+    let stall = [("FAILPOINTS", "relay-after-claim=1*sleep(2500)")];
+    let mut traces = Vec::new();
+    for (rows_per_call, students) in [("1", 0..1), ("16", 1..3)] {
+        let mut ids = Vec::new();
+        for n in students {
+            let trace_id = new_trace_id();
+            let created = client
+                .clone()
+                .create_student(with_trace(student_request(n), &trace_id))
+                .await
+                .expect("created")
+                .into_inner();
+            ids.push(created.id);
+            traces.push(trace_id);
+        }
+        let mut relay = start_exporting_with(
+            &dbs,
+            &collector,
+            &stall,
+            "relay",
+            &[
+                "--users-url",
+                &users_url,
+                "run",
+                "--lease",
+                "5s",
+                "--call-timeout",
+                "3s",
+                "--rows-per-call",
+                rows_per_call,
+            ],
+        );
+        wait_until_linked(&client, &ids).await;
+        stop(&mut relay);
+    }
+    for process in [&mut student, &mut users] {
+        stop(process);
+    }
+
+    let relay_log = std::fs::read_to_string(dbs.dir.path().join("relay.log")).expect("the log");
+    assert_eq!(
+        relay_log.matches("lease too short to send").count(),
+        3,
+        "each row handed back once: {relay_log}"
+    );
+    for trace_id in &traces {
+        let spans = Spans(collector.spans_of(trace_id));
+        let delivery = spans.only("relay", SpanKind::Client);
+        assert_eq!(
+            delivery.attribute("outbox.outcome").as_deref(),
+            Some("linked"),
+            "{delivery:#?}"
+        );
+        assert_eq!(
+            spans.0.len(),
+            3,
+            "the call, the delivery, Users': {:#?}",
+            spans.0
+        );
+    }
 }
 
 /// README ("Following one student"): with `OTEL_TRACES_SAMPLER=parentbased_traceidratio`
