@@ -8,7 +8,9 @@
 //! Configured by OpenTelemetry's standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) names the collector, and nothing is exported
 //! without one; an `https://` one is trusted through the system's roots, or the CA file
-//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or `..._TRACES_CERTIFICATE`) names. `OTEL_SERVICE_NAME`
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (or `..._TRACES_CERTIFICATE`) names, and shown the client
+//! certificate and key `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `..._CLIENT_KEY` name
+//! when it asks for one (mutual TLS). `OTEL_SERVICE_NAME`
 //! (default: the binary's name), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_HEADERS`,
 //! `OTEL_BSP_SCHEDULE_DELAY` and the rest are the SDK's own. The protocol is gRPC only:
 //! `OTEL_EXPORTER_OTLP_PROTOCOL` set to anything else stops the binary at start.
@@ -65,6 +67,20 @@ const CERTIFICATE_VARIABLES: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_CERTIFICATE",
 ];
 
+/// The variables that name a PEM file of the client certificate (chain) this process shows
+/// an `https://` collector that asks for one (mutual TLS), the first set wins; with the
+/// key below.
+const CLIENT_CERTIFICATE_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+];
+
+/// The variables that name a PEM file of that certificate's private key.
+const CLIENT_KEY_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+];
+
 /// The variables that name the protocol, the first set wins: only `grpc` is built in.
 const PROTOCOL_VARIABLES: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
@@ -89,10 +105,7 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     if disabled || PROCESSOR.get().is_some() {
         return Ok(Exporter { exporting: false });
     }
-    let protocol = PROTOCOL_VARIABLES
-        .iter()
-        .find_map(|variable| first_set(&[variable]).map(|protocol| (variable, protocol)));
-    if let Some((variable, protocol)) = protocol
+    if let Some((variable, protocol)) = first_named(&PROTOCOL_VARIABLES)
         && !protocol.trim().eq_ignore_ascii_case("grpc")
     {
         bail!("{variable} {protocol:?} is not built in: spans are exported over grpc only");
@@ -105,9 +118,14 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     if endpoint.starts_with("https://") {
         exporter = exporter.with_tls_config(collector_tls()?);
     }
-    let exporter = exporter
-        .build()
-        .context("cannot set up the OTLP span exporter (see OTEL_EXPORTER_OTLP_ENDPOINT)")?;
+    let exporter = exporter.build().with_context(|| {
+        format!(
+            "cannot set up the OTLP span exporter for {endpoint}: see \
+                 OTEL_EXPORTER_OTLP_ENDPOINT and the TLS files named \
+                 (OTEL_EXPORTER_OTLP_CERTIFICATE, OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, \
+                 OTEL_EXPORTER_OTLP_CLIENT_KEY)"
+        )
+    })?;
     let mut processor = BatchSpanProcessor::builder(Counted(exporter)).build();
     // The SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; neither naming the
     // service, it is called `unknown_service`: then the binary's name.
@@ -233,25 +251,56 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 }
 
 /// The value of the first of `variables` that is set and not empty.
-fn first_set(variables: &[&str]) -> Option<String> {
-    variables.iter().find_map(|variable| {
+fn first_set(variables: &[&'static str]) -> Option<String> {
+    first_named(variables).map(|(_, value)| value)
+}
+
+/// The first of `variables` that is set and not empty, and its value.
+fn first_named(variables: &[&'static str]) -> Option<(&'static str, String)> {
+    variables.iter().find_map(|&variable| {
         std::env::var(variable)
             .ok()
             .filter(|value| !value.is_empty())
+            .map(|value| (variable, value))
     })
 }
 
 /// What an `https://` collector is trusted through: the CA file named, or the system's roots.
 fn collector_tls() -> anyhow::Result<tonic::transport::ClientTlsConfig> {
     let tls = tonic::transport::ClientTlsConfig::new();
-    Ok(match first_set(&CERTIFICATE_VARIABLES) {
+    let tls = match first_set(&CERTIFICATE_VARIABLES) {
         Some(path) => {
             let pem = std::fs::read(&path)
                 .with_context(|| format!("cannot read the collector's CA certificate {path}"))?;
             tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
         }
         None => tls.with_native_roots(),
-    })
+    };
+    // A client certificate goes with its key: one without the other is a mistake to name,
+    // not a reason to connect without one (the collector would refuse every batch).
+    let read = |what: &str, path: &str| {
+        std::fs::read(path).with_context(|| format!("cannot read the client {what} {path}"))
+    };
+    match (
+        first_named(&CLIENT_CERTIFICATE_VARIABLES),
+        first_named(&CLIENT_KEY_VARIABLES),
+    ) {
+        (Some((_, certificate)), Some((_, key))) => {
+            Ok(tls.identity(tonic::transport::Identity::from_pem(
+                read("certificate", &certificate)?,
+                read("key", &key)?,
+            )))
+        }
+        (Some((named, _)), None) => bail!(
+            "{named} names a client certificate but no key is named for it ({})",
+            CLIENT_KEY_VARIABLES[1]
+        ),
+        (None, Some((named, _))) => bail!(
+            "{named} names a client key but no certificate is named for it ({})",
+            CLIENT_CERTIFICATE_VARIABLES[1]
+        ),
+        (None, None) => Ok(tls),
+    }
 }
 
 /// The export [`start`] set up, if any.

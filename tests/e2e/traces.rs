@@ -45,6 +45,7 @@ on_both_backends!(
     a_sampler_that_is_not_parent_based_overrules_the_caller,
     spans_the_collector_did_not_take_are_counted,
     spans_reach_an_https_collector_trusted_through_the_ca_file_named,
+    spans_reach_a_collector_that_asks_for_a_client_certificate_only_with_its_own,
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
     a_span_is_an_error_only_when_its_hop_failed,
     a_row_handed_back_unsent_has_no_delivery_span,
@@ -903,6 +904,84 @@ async fn spans_reach_an_https_collector_trusted_through_the_ca_file_named(backen
     }
 }
 
+/// README ("Following one student"): a collector that asks for a client certificate
+/// (mutual TLS) gets spans from a binary that shows the one
+/// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `..._CLIENT_KEY` name (here through the
+/// `..._TRACES_...` variants, which win), signed by a CA it trusts; a binary that shows
+/// none, or one a CA it does not know signed, sends it nothing.
+async fn spans_reach_a_collector_that_asks_for_a_client_certificate_only_with_its_own(
+    backend: Backend,
+) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let pki = TestPki::new();
+    let (ca, certificate, key) = pki.write_to(dbs.dir.path());
+    let strangers = dbs.dir.path().join("strangers");
+    std::fs::create_dir(&strangers).expect("a directory");
+    let (_, stranger_certificate, stranger_key) = TestPki::new().write_to(&strangers);
+    // The collector's own certificate, signed by the CA it trusts for clients, is the
+    // client certificate the binary shows.
+    let collector = Collector::start_mutual_tls(
+        pki.identity(),
+        tonic::transport::Certificate::from_pem(&pki.ca_pem),
+    )
+    .await;
+    let path = |path: &std::path::Path| path.to_string_lossy().into_owned();
+    let ca = path(&ca);
+    let (certificate, key) = (path(&certificate), path(&key));
+    let (stranger_certificate, stranger_key) = (path(&stranger_certificate), path(&stranger_key));
+    let cases: [(&str, Vec<(&str, &str)>); 3] = [
+        ("no client certificate", vec![]),
+        (
+            "a stranger's",
+            vec![
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    &stranger_certificate,
+                ),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &stranger_key),
+            ],
+        ),
+        (
+            "its own",
+            vec![
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    &stranger_certificate,
+                ),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &stranger_key),
+                ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", &certificate),
+                ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", &key),
+            ],
+        ),
+    ];
+    for (n, (case, client)) in cases.iter().enumerate() {
+        let env: Vec<(&str, &str)> = [("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())]
+            .into_iter()
+            .chain(client.iter().copied())
+            .collect();
+        let mut users = start_exporting_with(&dbs, &collector, &env, "users-svc", &[]);
+        let addr = serving(&mut users).await;
+        let trace_id = new_trace_id();
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_lazy();
+        proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+            .create_user(with_trace(conflicting_user_request(n), &trace_id))
+            .await
+            .expect("created");
+        stop(&mut users);
+        let spans = Spans(collector.spans_of(&trace_id));
+        if *case == "its own" {
+            let call = spans.only("users-svc", SpanKind::Server);
+            assert_eq!(call.span.name, "users.v1.UsersService/CreateUser");
+        } else {
+            assert!(spans.0.is_empty(), "{case}: {:#?}", spans.0);
+        }
+    }
+}
+
 /// README ("Following one student"): a collector endpoint, CA file, protocol or sampler the
 /// exporter cannot use stops the binary at start, naming it; the relay's one-shot commands
 /// exit 2. Without an endpoint, a sampler it could not use stops nothing: it is not read.
@@ -912,9 +991,14 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
     };
     let missing = dbs.dir.path().join("missing-ca.pem");
     let missing = missing.to_string_lossy();
+    let missing_key = dbs.dir.path().join("missing-key.pem");
+    let missing_key = missing_key.to_string_lossy();
+    let junk = dbs.dir.path().join("junk.pem");
+    std::fs::write(&junk, "not PEM\n").expect("write");
+    let junk = junk.to_string_lossy();
     // What is wrong, the variables that say it, and what the error must name.
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 5] = [
+    let cases: [Case; 9] = [
         (
             "a CA file that is not there",
             &[
@@ -922,6 +1006,40 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
                 ("OTEL_EXPORTER_OTLP_CERTIFICATE", &missing),
             ],
             "missing-ca.pem",
+        ),
+        (
+            "a client certificate without its key",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", &junk),
+            ],
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE names a client certificate but no key",
+        ),
+        (
+            "a client key without its certificate",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &junk),
+            ],
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY names a client key but no certificate",
+        ),
+        (
+            "a client key file that is not there",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &junk),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &missing_key),
+            ],
+            "missing-key.pem",
+        ),
+        (
+            "a client key that is no key",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &junk),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &junk),
+            ],
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
         ),
         (
             "an endpoint that is no URL",

@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::{
 use tokio::net::TcpListener;
 use tonic::{
     Request, Response, Status,
-    transport::{Identity, ServerTlsConfig, server::TcpIncoming},
+    transport::{Certificate, Identity, ServerTlsConfig, server::TcpIncoming},
 };
 
 /// One exported span, with the `service.name` of the process that sent it.
@@ -93,16 +93,23 @@ impl Collector {
 
     /// A collector over TLS (`https://`), with `identity`'s certificate.
     pub async fn start_tls(identity: Identity) -> Self {
-        Self::serve(Some(identity)).await
+        Self::serve(Some(ServerTlsConfig::new().identity(identity))).await
     }
 
-    async fn serve(identity: Option<Identity>) -> Self {
-        let tls = identity.is_some();
+    /// [`Collector::start_tls`], taking only exporters that show a client certificate
+    /// `client_ca` signed (mutual TLS).
+    pub async fn start_mutual_tls(identity: Identity, client_ca: Certificate) -> Self {
+        let config = ServerTlsConfig::new()
+            .identity(identity)
+            .client_ca_root(client_ca);
+        Self::serve(Some(config)).await
+    }
+
+    async fn serve(config: Option<ServerTlsConfig>) -> Self {
+        let tls = config.is_some();
         let mut builder = tonic::transport::Server::builder();
-        if let Some(identity) = identity {
-            builder = builder
-                .tls_config(ServerTlsConfig::new().identity(identity))
-                .expect("TLS settings");
+        if let Some(config) = config {
+            builder = builder.tls_config(config).expect("TLS settings");
         }
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
