@@ -4,7 +4,7 @@
 //! sampler picks whole journeys; spans the collector does not take are counted; a collector
 //! the exporter cannot use stops a binary at start.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{collections::BTreeSet, sync::atomic::Ordering, time::Duration};
 
 use devstack::{Process, wait_until_serving};
 use nix::sys::signal::Signal;
@@ -21,6 +21,7 @@ use crate::{
     on_both_backends,
     support::{
         Backend, TestDatabases,
+        app::spawn_app,
         certs::TestPki,
         collector::{Collector, ReceivedSpan, hex},
         conflicting_user_request, eventually,
@@ -30,6 +31,7 @@ use crate::{
             promql_names, sample, scrape,
         },
         refusing_addr,
+        scripted_users::{Script, scripted_users},
         stack::{LINK_DEADLINE, Stack, binaries},
         student_request,
     },
@@ -49,6 +51,7 @@ on_both_backends!(
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
     a_span_is_an_error_only_when_its_hop_failed,
     a_row_handed_back_unsent_has_no_delivery_span,
+    rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_delivery,
 );
 
 /// Rows sent together (one CreateUsers call) belong to different students' journeys:
@@ -540,6 +543,80 @@ async fn a_row_handed_back_unsent_has_no_delivery_span(backend: Backend) {
             "the call, the delivery, Users': {:#?}",
             spans.0
         );
+    }
+}
+
+/// README ("Following one student"): rows sent together whose CreateUsers call Users
+/// refuses as a whole (here UNIMPLEMENTED, as a Users older than the method answers) are
+/// sent again one CreateUser call each; each row's trace shows both: a delivery that
+/// failed with the refusal (no outcome: the row was not concluded), then the one that
+/// linked it. The relay is a real process exporting to the collector; both services run
+/// in the test, exporting nothing, so the relay's spans are all there is.
+async fn rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_delivery(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let users = scripted_users(
+        &app,
+        Script {
+            refuse_create_users: Some(Code::Unimplemented),
+            ..Script::default()
+        },
+    )
+    .await;
+    let mut journeys = Vec::new();
+    for n in 0..2 {
+        let trace_id = new_trace_id();
+        let id = app
+            .student
+            .clone()
+            .create_student(with_trace(student_request(n), &trace_id))
+            .await
+            .expect("created")
+            .into_inner()
+            .id;
+        journeys.push((trace_id, id));
+    }
+    let mut relay = start_exporting(
+        &app.databases,
+        &collector,
+        "relay",
+        &["--users-url", &users.url, "run"],
+    );
+    wait_until_linked(&app.student, journeys.iter().map(|(_, id)| id)).await;
+    stop(&mut relay);
+
+    assert_eq!(users.create_users_calls.load(Ordering::SeqCst), 1);
+    for (trace_id, _) in &journeys {
+        let spans = Spans(collector.spans_of(trace_id));
+        let deliveries = spans.all("relay", SpanKind::Client, 2);
+        let seen: Vec<_> = deliveries
+            .iter()
+            .map(|delivery| {
+                let status = delivery.span.status.clone().unwrap_or_default();
+                (
+                    delivery.span.name.as_str(),
+                    delivery.attribute("outbox.outcome"),
+                    status.code,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("users.v1.UsersService/CreateUser", None, 2),
+                (
+                    "users.v1.UsersService/CreateUser",
+                    Some("linked".to_owned()),
+                    0
+                ),
+            ],
+            "{deliveries:#?}"
+        );
+        assert_eq!(spans.0.len(), 2, "nothing else: {:#?}", spans.0);
     }
 }
 
