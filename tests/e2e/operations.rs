@@ -46,11 +46,159 @@ on_both_backends!(
     audit_reports_each_disagreement_between_the_databases,
     a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_the_audit_names_the_rest,
     after_a_users_db_restore_resend_gives_users_back_what_it_lost,
+    resend_refuses_what_would_make_a_second_user_and_changes_nothing,
     an_audit_asks_again_for_the_lookups_users_sheds,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
 );
+
+/// README ("relay resend"): the refusals that keep a resend from making a second user, each
+/// changing nothing: Users holds another user of the student (made by hand here), not its
+/// linked one; the linked user belongs to another student in Users; the create-user row
+/// that would create the user again was purged. And the resend's own transaction refuses
+/// (`Changed`) when the student's link, its recorded version or its delivered rows are no
+/// longer what it was judged on, as when the student changed while it was judged.
+async fn resend_refuses_what_would_make_a_second_user_and_changes_nothing(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let ids = stack.create_students(0..4).await;
+    stack.wait_until_all_linked(4).await;
+    stack.kill_relays();
+    let links =
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 4).await;
+    let student_id = |n: usize| Uuid::parse_str(&ids[n]).expect("uuid");
+    let link = |n: usize| links[&student_id(n)];
+    let rows_before = stack.outbox_rows().await;
+    let row_of = |n: usize| {
+        rows_before
+            .iter()
+            .find(|row| row.aggregate_id == student_id(n))
+            .expect("its create-user row")
+            .clone()
+    };
+
+    // Student 0: its user lost, and another user of it made by hand since.
+    users::Entity::delete_by_id(link(0))
+        .exec(&stack.users_db)
+        .await
+        .expect("delete");
+    let other = stack
+        .users_client()
+        .create_user(CreateUserRequest {
+            student_id: ids[0].clone(),
+            idempotency_key: "by-hand".into(),
+            ..conflicting_user_request(0)
+        })
+        .await
+        .expect("created by hand")
+        .into_inner()
+        .user_id;
+    // Student 1: its user now belongs to another student in Users.
+    let elsewhere = Uuid::now_v7();
+    users::Entity::update_many()
+        .col_expr(users::Column::StudentId, Expr::value(elsewhere))
+        .filter(users::Column::Id.eq(link(1)))
+        .exec(&stack.users_db)
+        .await
+        .expect("moved");
+    // Student 2: its user and key lost, and its create-user row purged.
+    users::Entity::delete_by_id(link(2))
+        .exec(&stack.users_db)
+        .await
+        .expect("delete");
+    users_svc::entity::inbox::Entity::delete_by_id(row_of(2).idempotency_key)
+        .exec(&stack.users_db)
+        .await
+        .expect("forget its key");
+    outbox::Entity::delete_by_id(row_of(2).id)
+        .exec(&stack.student_db)
+        .await
+        .expect("purged");
+    stack.restart_users(None).await;
+
+    let refused = |n: usize, why: String| format!("student {}: {why}; nothing changed\n", ids[n]);
+    let all = stack.relay_command(&["resend", "--all"]);
+    assert_eq!(
+        (
+            all.status.code(),
+            String::from_utf8_lossy(&all.stdout).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "{}{}{}resent=0 refused=3 unchanged=1\n",
+                refused(
+                    0,
+                    format!(
+                        "Users holds other users of it ({other}), not its linked user {}: a \
+                         resend would create one more",
+                        link(0)
+                    )
+                ),
+                refused(
+                    1,
+                    format!(
+                        "its linked user {} belongs to student {elsewhere} in Users",
+                        link(1)
+                    )
+                ),
+                refused(
+                    2,
+                    "no delivered create-user row is left (purged) to create the user again"
+                        .to_owned()
+                ),
+            )
+        ),
+        "{}",
+        String::from_utf8_lossy(&all.stderr)
+    );
+
+    // Student 3, judged on what it no longer is: a link, a recorded version or a set of
+    // delivered rows that changed since.
+    let row = row_of(3);
+    for (judged_on, ids) in [
+        ((Uuid::now_v7(), 1), vec![row.id]),
+        ((link(3), 2), vec![row.id]),
+        ((link(3), 1), vec![]),
+        ((link(3), 1), vec![row.id, row.id + 1_000]),
+    ] {
+        let resent = student_store::resend::resend(
+            &stack.student_db,
+            student_id(3),
+            judged_on,
+            student_store::resend::Lost::User,
+            &ids,
+        )
+        .await
+        .expect("resend");
+        assert_eq!(
+            resent,
+            student_store::resend::Resent::Changed,
+            "{judged_on:?} {ids:?}"
+        );
+    }
+
+    // Nothing changed: every student linked as before, at version 1, every row as it was.
+    for n in 0..4 {
+        let student = students::Entity::find_by_id(student_id(n))
+            .one(&stack.student_db)
+            .await
+            .expect("students")
+            .expect("the student");
+        assert_eq!(
+            (student.user_id, student.synced_version),
+            (Some(link(n)), 1)
+        );
+    }
+    let rows_after = stack.outbox_rows().await;
+    let kept: Vec<_> = rows_before
+        .into_iter()
+        .filter(|row| row.aggregate_id != student_id(2))
+        .collect();
+    assert_eq!(rows_after, kept);
+}
 
 /// `relay audit` looks users up 16 at a time; a Users that takes one call at a time sheds
 /// most of them, which is no answer about the user: each is asked again after Users' wait,
