@@ -52,6 +52,7 @@ on_both_backends!(
     a_span_is_an_error_only_when_its_hop_failed,
     a_row_handed_back_unsent_has_no_delivery_span,
     rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_delivery,
+    retry_failed_asks_users_about_a_rows_key_in_the_rows_trace,
 );
 
 /// Rows sent together (one CreateUsers call) belong to different students' journeys:
@@ -618,6 +619,103 @@ async fn rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_deliv
         );
         assert_eq!(spans.0.len(), 2, "nothing else: {:#?}", spans.0);
     }
+}
+
+/// README ("Following one student"): the question `relay retry-failed --new-key` asks
+/// Users about a failed row's key (replay-only, so it can execute nothing) is a client span
+/// of the row's trace, named after the row's Users method, with `outbox.id` and no outcome,
+/// whose parent is the Student call that stored the row; Users' answer from its inbox is a
+/// server span under it. The row was rejected (somebody else holds the student's document
+/// number), so the trace holds the call, the delivery (`failed`) and Users' execution,
+/// then the question and Users' replay.
+async fn retry_failed_asks_users_about_a_rows_key_in_the_rows_trace(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
+    let users_addr = serving(&mut users).await;
+    let users_url = format!("http://{users_addr}");
+    let channel = tonic::transport::Endpoint::from_shared(users_url.clone())
+        .expect("endpoint")
+        .connect_lazy();
+    proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+        .create_user(conflicting_user_request(0))
+        .await
+        .expect("somebody else holds student 0's document number");
+    let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
+    let trace_id = new_trace_id();
+    student_client(serving(&mut student).await)
+        .create_student(with_trace(student_request(0), &trace_id))
+        .await
+        .expect("created");
+    let mut relay = start_exporting(
+        &dbs,
+        &collector,
+        "relay",
+        &["--users-url", &users_url, "run"],
+    );
+    let student_db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("Student DB");
+    let row = eventually("the row rejected", LINK_DEADLINE, || async {
+        let rows = outbox::Entity::find()
+            .all(&student_db)
+            .await
+            .expect("outbox rows");
+        (rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed).then(|| rows[0].clone())
+    })
+    .await;
+    stop(&mut relay);
+    let mut retry = start_exporting(
+        &dbs,
+        &collector,
+        "relay",
+        &[
+            "--users-url",
+            &users_url,
+            "retry-failed",
+            "--all",
+            "--new-key",
+        ],
+    );
+    let retried = retry
+        .wait_timeout(Duration::from_secs(30))
+        .expect("wait")
+        .expect("retry-failed ends");
+    assert!(retried.success(), "{retried}");
+    for process in [&mut student, &mut users] {
+        stop(process);
+    }
+
+    let spans = Spans(collector.spans_of(&trace_id));
+    let call = spans.only("student-svc", SpanKind::Server);
+    let [delivery, question] =
+        <[ReceivedSpan; 2]>::try_from(spans.all("relay", SpanKind::Client, 2)).expect("two");
+    let [execution, replay] =
+        <[ReceivedSpan; 2]>::try_from(spans.all("users-svc", SpanKind::Server, 2)).expect("two");
+    assert_eq!(
+        delivery.attribute("outbox.outcome").as_deref(),
+        Some("failed")
+    );
+    for span in [&delivery, &question, &execution, &replay] {
+        assert_eq!(
+            span.span.name, "users.v1.UsersService/CreateUser",
+            "{span:#?}"
+        );
+    }
+    for asked in [&delivery, &question] {
+        assert_eq!(asked.span.parent_span_id, call.span.span_id, "{asked:#?}");
+        assert_eq!(
+            asked.attribute("outbox.id"),
+            Some(row.id.to_string()),
+            "{asked:#?}"
+        );
+    }
+    assert_eq!(question.attribute("outbox.outcome"), None, "{question:#?}");
+    assert_eq!(execution.span.parent_span_id, delivery.span.span_id);
+    assert_eq!(replay.span.parent_span_id, question.span.span_id);
+    assert_eq!(spans.0.len(), 5, "nothing else: {:#?}", spans.0);
 }
 
 /// README ("Following one student"): with `OTEL_TRACES_SAMPLER=parentbased_traceidratio`
