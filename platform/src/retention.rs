@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+use sea_orm::{
+    ColumnTrait, DbBackend,
+    sea_query::{Expr, SelectStatement},
+};
 use tokio_util::sync::CancellationToken;
 
 /// How long a relay with default tuning may keep retrying one row before it fails it:
@@ -29,6 +33,25 @@ where
         if deleted < PURGE_BATCH {
             return Ok(purged);
         }
+    }
+}
+
+/// The condition that limits a batch's `DELETE` to the rows `oldest` selects by `key` (the
+/// table's primary key). On PostgreSQL it is `key = ANY(ARRAY(oldest))`, so the batch's
+/// rows are looked up by primary key whatever the table's size: with `key IN (oldest)` the
+/// planner hash-joined the whole table against the batch on any table it thought small
+/// enough (it read all 200,000 entries of an inbox to delete 1,000), so a purge cost one
+/// read of the table per batch. SQLite looks each row up by key either way.
+pub fn batch_of<C: ColumnTrait>(key: C, oldest: SelectStatement, backend: DbBackend) -> Expr {
+    match backend {
+        DbBackend::Postgres => Expr::cust_with_exprs(
+            "$1 = ANY(ARRAY $2)",
+            [
+                Expr::col(key.as_column_ref()),
+                Expr::SubQuery(None, Box::new(oldest.into())),
+            ],
+        ),
+        _ => key.in_subquery(oldest),
     }
 }
 

@@ -22,8 +22,8 @@ use chrono::{DateTime, Utc};
 use platform::db::{begin_write, now, shared_now};
 use sea_orm::{
     ActiveEnum as _, ColumnTrait, Condition, ConnectionTrait as _, DatabaseConnection, DbBackend,
-    DbErr, EntityTrait, IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, QueryTrait as _, Statement, TransactionTrait as _, UpdateMany,
+    DbErr, DeleteMany, EntityTrait, IdenStatic as _, Iterable as _, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect, QueryTrait as _, Select, Statement, TransactionTrait as _, UpdateMany,
     sea_query::{Expr, ExprTrait, LockBehavior, LockType},
 };
 use uuid::Uuid;
@@ -706,27 +706,38 @@ pub async fn purge_done(db: &DatabaseConnection, retention: Duration) -> Result<
     let horizon = now() - retention;
     let backend = db.get_database_backend();
     platform::retention::purge_all(|batch| async move {
-        let mut oldest = outbox::Entity::find()
-            .select_only()
-            .column(outbox::Column::Id)
-            .filter(outbox::Column::Status.eq(OutboxStatus::Done))
-            .filter(outbox::Column::ProcessedAt.lt(horizon))
-            .order_by_asc(outbox::Column::ProcessedAt)
-            .order_by_asc(outbox::Column::Id)
-            .limit(batch)
-            .into_query();
-        if backend == DbBackend::Postgres {
-            oldest.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-        }
-        let deleted = outbox::Entity::delete_many()
-            .filter(outbox::Column::Id.in_subquery(oldest))
-            // Checked again on the row deleted: only ever a done row.
-            .filter(outbox::Column::Status.eq(OutboxStatus::Done))
-            .exec(db)
-            .await?;
+        let deleted = purge_done_batch(backend, horizon, batch).exec(db).await?;
         Ok(deleted.rows_affected)
     })
     .await
+}
+
+/// One batch of [`purge_done`]: the `batch` oldest `done` rows finished before `horizon`.
+pub fn purge_done_batch(
+    backend: DbBackend,
+    horizon: DateTime<Utc>,
+    batch: u64,
+) -> DeleteMany<outbox::Entity> {
+    let mut oldest = outbox::Entity::find()
+        .select_only()
+        .column(outbox::Column::Id)
+        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
+        .filter(outbox::Column::ProcessedAt.lt(horizon))
+        .order_by_asc(outbox::Column::ProcessedAt)
+        .order_by_asc(outbox::Column::Id)
+        .limit(batch)
+        .into_query();
+    if backend == DbBackend::Postgres {
+        oldest.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    }
+    outbox::Entity::delete_many()
+        .filter(platform::retention::batch_of(
+            outbox::Column::Id,
+            oldest,
+            backend,
+        ))
+        // Checked again on the row deleted: only ever a done row.
+        .filter(outbox::Column::Status.eq(OutboxStatus::Done))
 }
 
 /// Restricts an update to the row as long as it is held by the claim `row` came from:
@@ -999,15 +1010,8 @@ const UNDELIVERED: [OutboxStatus; 2] = [OutboxStatus::Pending, OutboxStatus::Pro
 /// `outbox_failed`, so its cost does not grow with the delivered history.
 pub async fn report(db: &DatabaseConnection, done: DoneCount) -> Result<OutboxReport, DbErr> {
     let mut report = OutboxReport::default();
-    let undelivered: Vec<(OutboxStatus, i64)> = outbox::Entity::find()
-        .select_only()
-        .column(outbox::Column::Status)
-        .column_as(outbox::Column::Id.count(), "rows")
-        .filter(outbox::Column::Status.is_in(UNDELIVERED))
-        .group_by(outbox::Column::Status)
-        .into_tuple()
-        .all(db)
-        .await?;
+    let undelivered: Vec<(OutboxStatus, i64)> =
+        undelivered_by_status().into_tuple().all(db).await?;
     for (status, rows) in undelivered {
         match status {
             OutboxStatus::Pending => report.pending = rows,
@@ -1015,54 +1019,91 @@ pub async fn report(db: &DatabaseConnection, done: DoneCount) -> Result<OutboxRe
             OutboxStatus::Done | OutboxStatus::Failed => {}
         }
     }
-    report.failed = count_with_status(db, OutboxStatus::Failed).await?;
+    report.failed = count(db, with_status(OutboxStatus::Failed)).await?;
     report.done = match (done, db.get_database_backend()) {
         (DoneCount::Estimated, DbBackend::Postgres) => match table_estimate(db).await? {
             Some(rows) => Ord::max(rows - report.pending - report.processing - report.failed, 0),
-            None => count_with_status(db, OutboxStatus::Done).await?,
+            None => count(db, with_status(OutboxStatus::Done)).await?,
         },
-        _ => count_with_status(db, OutboxStatus::Done).await?,
+        _ => count(db, with_status(OutboxStatus::Done)).await?,
     };
-    // Ids grow with creation, so the oldest undelivered row is the first in
-    // `outbox_claimable`: one index probe, not a sort of the backlog.
-    let oldest: Option<outbox::Model> = outbox::Entity::find()
-        .filter(outbox::Column::Status.is_in(UNDELIVERED))
-        .order_by_asc(outbox::Column::Id)
-        .one(db)
-        .await?;
-    if let Some(row) = oldest {
+    if let Some(row) = oldest_undelivered().one(db).await? {
         report.oldest_pending_age_seconds = Ord::max((now() - row.created_at).num_seconds(), 0);
     }
     let blocked = db
-        .query_one_raw(Statement::from_string(
-            db.get_database_backend(),
-            BLOCKED.as_str(),
-        ))
+        .query_one_raw(blocked(db.get_database_backend()))
         .await?
         .map(|row| row.try_get::<i64>("", "blocked"))
         .transpose()?
         .unwrap_or(0);
     report.blocked = blocked;
     report.pending -= blocked;
-    report.retrying = i64::try_from(
-        outbox::Entity::find()
-            // `UNDELIVERED` first, for SQLite's planner.
-            .filter(outbox::Column::Status.is_in(UNDELIVERED))
-            .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
-            .filter(outbox::Column::Attempts.gt(0))
-            .count(db)
-            .await?,
-    )
-    .unwrap_or(i64::MAX);
+    report.retrying = count(db, retrying()).await?;
     Ok(report)
 }
 
-async fn count_with_status(db: &DatabaseConnection, status: OutboxStatus) -> Result<i64, DbErr> {
-    let rows = outbox::Entity::find()
-        .filter(outbox::Column::Status.eq(status))
-        .count(db)
-        .await?;
-    Ok(i64::try_from(rows).unwrap_or(i64::MAX))
+/// The statements [`report`] runs on the outbox table, by name (the counts without their
+/// `COUNT` around them): each finds its rows, those still to deliver or failed, through a
+/// partial index, never by reading the `done` history. (Not the `done` count: PostgreSQL's
+/// estimate reads no row, SQLite's exact count reads every done row's index entry.)
+pub fn report_statements(backend: DbBackend) -> Vec<(&'static str, Statement)> {
+    vec![
+        (
+            "undelivered by status",
+            undelivered_by_status().build(backend),
+        ),
+        ("failed", with_status(OutboxStatus::Failed).build(backend)),
+        ("oldest undelivered", oldest_undelivered().build(backend)),
+        ("blocked", blocked(backend)),
+        ("retrying", retrying().build(backend)),
+    ]
+}
+
+/// `status IN ('pending', 'processing')`, the values written out: SQLite uses the partial
+/// index `outbox_claimable` only for a condition that names its values, and with them bound
+/// as parameters it read the whole table, history and all, for each gauge.
+fn undelivered() -> Expr {
+    static UNDELIVERED_LITERALLY: LazyLock<String> =
+        LazyLock::new(|| format!("\"status\" IN ({})", UNDELIVERED.map(literal).join(", ")));
+    Expr::cust(UNDELIVERED_LITERALLY.as_str())
+}
+
+fn undelivered_by_status() -> Select<outbox::Entity> {
+    outbox::Entity::find()
+        .select_only()
+        .column(outbox::Column::Status)
+        .column_as(outbox::Column::Id.count(), "rows")
+        .filter(undelivered())
+        .group_by(outbox::Column::Status)
+}
+
+fn with_status(status: OutboxStatus) -> Select<outbox::Entity> {
+    outbox::Entity::find().filter(outbox::Column::Status.eq(status))
+}
+
+/// Ids grow with creation, so the oldest undelivered row is the first in
+/// `outbox_claimable`: one index probe, not a sort of the backlog.
+fn oldest_undelivered() -> Select<outbox::Entity> {
+    outbox::Entity::find()
+        .filter(undelivered())
+        .order_by_asc(outbox::Column::Id)
+        .limit(1)
+}
+
+fn blocked(backend: DbBackend) -> Statement {
+    Statement::from_string(backend, BLOCKED.as_str())
+}
+
+fn retrying() -> Select<outbox::Entity> {
+    outbox::Entity::find()
+        // `UNDELIVERED` first, for SQLite's planner.
+        .filter(undelivered())
+        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+        .filter(outbox::Column::Attempts.gt(0))
+}
+
+async fn count(db: &DatabaseConnection, rows: Select<outbox::Entity>) -> Result<i64, DbErr> {
+    Ok(i64::try_from(rows.count(db).await?).unwrap_or(i64::MAX))
 }
 
 /// PostgreSQL's estimate of the outbox's rows (kept by autovacuum and ANALYZE); `None`

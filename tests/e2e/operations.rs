@@ -11,7 +11,8 @@ use nix::sys::signal::Signal;
 use platform::failpoint::points;
 use proto::{student::v1::CreateStudentRequest, users::v1::CreateUserRequest};
 use sea_orm::{
-    ColumnTrait as _, EntityTrait as _, QueryFilter as _, QueryOrder as _, sea_query::Expr,
+    ColumnTrait as _, ConnectionTrait as _, DbBackend, EntityTrait as _, QueryFilter as _,
+    QueryOrder as _, QueryTrait as _, sea_query::Expr,
 };
 use student_store::entity::{
     outbox::{self, FailureKind, OutboxStatus},
@@ -24,7 +25,9 @@ use uuid::Uuid;
 use crate::{
     on_both_backends,
     support::{
-        Backend, conflicting_user_request, eventually, insert_unlinked_students,
+        Backend,
+        app::spawn_app,
+        conflicting_user_request, eventually, explained, insert_unlinked_students,
         insert_users_of_no_student,
         invariants::{
             assert_each_student_linked_exactly_once, stored_user, students_and_outbox_rows,
@@ -51,6 +54,7 @@ on_both_backends!(
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
+    purges_and_gauges_find_their_rows_through_indexes_never_the_history,
 );
 
 /// README ("relay resend"): the refusals that keep a resend from making a second user, each
@@ -1670,6 +1674,150 @@ async fn purge_leaves_a_row_in_flight_to_be_delivered_once(backend: Backend) {
             .count(),
         0
     );
+}
+
+/// README ("Retention": the indexes make both purges and the gauges cheap whatever the
+/// history; "Metrics": `outbox_rows` counts through partial indexes, never the history).
+/// Beside a history of 20,000 `done` rows (statistics gathered), 100 undelivered and 10
+/// failed, and 20,000 inbox entries, the plan of each statement the gauges run, and of a
+/// purge batch of each table, finds its rows through the index named for it and scans no
+/// table, nor any index but those partial ones.
+async fn purges_and_gauges_find_their_rows_through_indexes_never_the_history(backend: Backend) {
+    use platform::retention::PURGE_BATCH;
+
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    write_history(&app.student_db, &app.users_db).await;
+    let backend = app.student_db.get_database_backend();
+    let horizon = chrono::Utc::now() - chrono::TimeDelta::days(1);
+    let mut student_statements: Vec<(&str, &str, sea_orm::Statement)> =
+        student_store::outbox::report_statements(backend)
+            .into_iter()
+            .map(|(name, statement)| {
+                let index = match name {
+                    "failed" => "outbox_failed",
+                    _ => "outbox_claimable",
+                };
+                (name, index, statement)
+            })
+            .collect();
+    assert_eq!(student_statements.len(), 5);
+    student_statements.push((
+        "outbox purge",
+        "outbox_done_by_time",
+        student_store::outbox::purge_done_batch(backend, horizon, PURGE_BATCH).build(backend),
+    ));
+    let inbox_purge = (
+        "inbox purge",
+        "inbox_created_at",
+        users_svc::retention::purge_batch(backend, horizon, PURGE_BATCH).build(backend),
+    );
+    let checks = student_statements
+        .into_iter()
+        .map(|check| (&app.student_db, check))
+        .chain([(&app.users_db, inbox_purge)]);
+    let mut wrong = Vec::new();
+    for (db, (name, index, statement)) in checks {
+        let plan = plan_of(db, statement).await;
+        if !plan.iter().any(|step| step.contains(index)) {
+            wrong.push(format!("{name}: not through {index}: {plan:#?}"));
+        }
+        let reads_a_whole_table_or_index = |step: &&String| match backend {
+            DbBackend::Postgres => step.contains("Seq Scan"),
+            // A SCAN walks a whole table or index; only a partial index holds no history.
+            _ => {
+                step.starts_with("SCAN ")
+                    && ![
+                        "outbox_claimable",
+                        "outbox_failed",
+                        "outbox_done_by_time",
+                        "inbox_created_at",
+                    ]
+                    .iter()
+                    .any(|partial| step.contains(&format!("INDEX {partial}")))
+            }
+        };
+        let scans: Vec<&String> = plan.iter().filter(reads_a_whole_table_or_index).collect();
+        if !scans.is_empty() {
+            wrong.push(format!("{name}: {scans:?} in {plan:#?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The steps of `statement`'s plan: PostgreSQL's lines, or SQLite's `detail`s.
+async fn plan_of(db: &sea_orm::DatabaseConnection, statement: sea_orm::Statement) -> Vec<String> {
+    let postgres = db.get_database_backend() == DbBackend::Postgres;
+    let explain = if postgres {
+        "EXPLAIN (COSTS OFF)"
+    } else {
+        "EXPLAIN QUERY PLAN"
+    };
+    db.query_all_raw(explained(explain, statement))
+        .await
+        .expect("explain")
+        .iter()
+        .map(|row| {
+            if postgres {
+                row.try_get_by_index::<String>(0)
+            } else {
+                row.try_get::<String>("", "detail")
+            }
+            .expect("a step")
+            .trim()
+            .to_owned()
+        })
+        .collect()
+}
+
+/// An outbox with a history: 20,000 create-user rows `done` a year ago, 100 `pending`, 10
+/// `failed`; and 20,000 inbox entries a year old. Statistics gathered on both.
+async fn write_history(
+    student_db: &sea_orm::DatabaseConnection,
+    users_db: &sea_orm::DatabaseConnection,
+) {
+    let postgres = student_db.get_database_backend() == DbBackend::Postgres;
+    let (series, uuid, key, then) = if postgres {
+        (
+            "generate_series(1, {count}) AS n(i)",
+            "gen_random_uuid()",
+            "gen_random_uuid()::text",
+            "now() - interval '1 year'",
+        )
+    } else {
+        (
+            "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {count}) \
+             SELECT i FROM n)",
+            "randomblob(16)",
+            "lower(hex(randomblob(16)))",
+            "'2025-01-01T00:00:00.000000+00:00'",
+        )
+    };
+    for (count, status) in [(20_000, "done"), (100, "pending"), (10, "failed")] {
+        let processed = if status == "pending" { "NULL" } else { then };
+        let rows = series.replace("{count}", &count.to_string());
+        student_db
+            .execute_unprepared(&format!(
+                "INSERT INTO outbox (aggregate_id, aggregate_version, effect_type, payload, \
+                   idempotency_key, status, attempts, available_at, created_at, processed_at) \
+                 SELECT {uuid}, 1, 'create-user', '{{}}', {key}, '{status}', 1, {then}, \
+                   {then}, {processed} FROM {rows}"
+            ))
+            .await
+            .expect("outbox rows");
+    }
+    let rows = series.replace("{count}", "20000");
+    users_db
+        .execute_unprepared(&format!(
+            "INSERT INTO inbox (idempotency_key, request_hash, result, created_at) \
+             SELECT {key}, 'hash', '{{}}', {then} FROM {rows}"
+        ))
+        .await
+        .expect("inbox rows");
+    for db in [student_db, users_db] {
+        db.execute_unprepared("ANALYZE").await.expect("statistics");
+    }
 }
 
 /// Waits until a key issued at `issued_at` is older than a 2 s inbox retention, with half a

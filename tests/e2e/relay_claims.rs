@@ -26,7 +26,7 @@ use crate::{
         app::AppOptions,
         app::spawn_app_with,
         app::test_tuning,
-        eventually,
+        eventually, explained,
         invariants::{assert_each_student_linked_exactly_once, users_and_inbox_rows},
         pgbench, refusing_addr,
         scripted_users::{Script, scripted_users},
@@ -1036,15 +1036,6 @@ fn the_pgbench_link_script_claims_with_the_relays_own_statement() {
     };
     let relays = store::claim_statement(DbBackend::Postgres, "r", 32, Duration::ZERO);
     assert_eq!(claim(&pgbench::script("link.sql")), claim(&relays.sql));
-}
-
-/// `statement` behind `explain` (`EXPLAIN …` of its backend), with its values.
-fn explained(explain: &str, statement: Statement) -> Statement {
-    Statement::from_sql_and_values(
-        statement.db_backend,
-        format!("{explain} {}", statement.sql),
-        statement.values.map(|values| values.0).unwrap_or_default(),
-    )
 }
 
 /// PostgreSQL only: a brand-new outbox, never analyzed, behind a backlog. The relay's own

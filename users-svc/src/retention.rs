@@ -8,10 +8,14 @@
 
 use std::time::Duration;
 
-use platform::{db::now, retention::purge_all};
+use chrono::{DateTime, Utc};
+use platform::{
+    db::now,
+    retention::{batch_of, purge_all},
+};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-    QueryTrait,
+    ColumnTrait, DatabaseConnection, DbBackend, DbErr, DeleteMany, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, QueryTrait,
 };
 
 use crate::entity::inbox;
@@ -19,22 +23,29 @@ use crate::entity::inbox;
 /// Deletes every inbox entry older than `retention`; returns how many.
 pub async fn purge_expired(db: &DatabaseConnection, retention: Duration) -> Result<u64, DbErr> {
     let horizon = now() - retention;
+    let backend = db.get_database_backend();
     purge_all(|batch| async move {
-        // The oldest first, through `inbox_created_at`; one short statement per batch.
-        let oldest = inbox::Entity::find()
-            .select_only()
-            .column(inbox::Column::IdempotencyKey)
-            .filter(inbox::Column::CreatedAt.lt(horizon))
-            .order_by_asc(inbox::Column::CreatedAt)
-            .limit(batch)
-            .into_query();
-        let deleted = inbox::Entity::delete_many()
-            .filter(inbox::Column::IdempotencyKey.in_subquery(oldest))
-            .exec(db)
-            .await?;
+        let deleted = purge_batch(backend, horizon, batch).exec(db).await?;
         Ok(deleted.rows_affected)
     })
     .await
+}
+
+/// One batch of [`purge_expired`]: the `batch` oldest entries made before `horizon`, found
+/// oldest first through `inbox_created_at`, in one short statement.
+pub fn purge_batch(
+    backend: DbBackend,
+    horizon: DateTime<Utc>,
+    batch: u64,
+) -> DeleteMany<inbox::Entity> {
+    let oldest = inbox::Entity::find()
+        .select_only()
+        .column(inbox::Column::IdempotencyKey)
+        .filter(inbox::Column::CreatedAt.lt(horizon))
+        .order_by_asc(inbox::Column::CreatedAt)
+        .limit(batch)
+        .into_query();
+    inbox::Entity::delete_many().filter(batch_of(inbox::Column::IdempotencyKey, oldest, backend))
 }
 
 /// Warns when the inbox would forget keys a relay with default tuning may still be

@@ -192,3 +192,12 @@ pub async fn insert_unlinked_students(
             .expect("students");
     }
 }
+
+/// `statement` behind `explain` (`EXPLAIN …` of its backend), with its values.
+pub fn explained(explain: &str, statement: sea_orm::Statement) -> sea_orm::Statement {
+    sea_orm::Statement::from_sql_and_values(
+        statement.db_backend,
+        format!("{explain} {}", statement.sql),
+        statement.values.map(|values| values.0).unwrap_or_default(),
+    )
+}
