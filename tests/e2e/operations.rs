@@ -50,12 +50,117 @@ on_both_backends!(
     a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_the_audit_names_the_rest,
     after_a_users_db_restore_resend_gives_users_back_what_it_lost,
     resend_refuses_what_would_make_a_second_user_and_changes_nothing,
+    restoring_the_users_db_by_the_day_two_routine_gives_each_student_its_user_back,
     an_audit_asks_again_for_the_lookups_users_sheds,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
     purges_and_gauges_find_their_rows_through_indexes_never_the_history,
 );
+
+/// README ("Day-two routine", restoring the Users DB), the routine run as written, in its
+/// order, against a restore that lost student 0's user and its keys, while a rename of
+/// student 0 made after the restore failed `USER_NOT_FOUND` (the user it names is gone)
+/// and the relays kept running: restart users-svc, `relay audit` names the lost user,
+/// `relay resend --all` sends the student's delivered rows again (its user created again,
+/// with a new id, and linked), `relay retry-failed --all` requeues the failed rename with
+/// its own key, and once the rows are delivered `relay audit` is clean: student 0's user
+/// is back, renamed, at the student's version, and no student has a second user.
+async fn restoring_the_users_db_by_the_day_two_routine_gives_each_student_its_user_back(
+    backend: Backend,
+) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let ids = stack.create_students(0..2).await;
+    stack.wait_until_all_linked(2).await;
+    let links =
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 2).await;
+    let student_id = Uuid::parse_str(&ids[0]).expect("uuid");
+    let lost = links[&student_id];
+    let create_row = stack
+        .outbox_rows()
+        .await
+        .into_iter()
+        .find(|row| row.aggregate_id == student_id)
+        .expect("its row");
+
+    // The restore: a backup taken before student 0's user was created.
+    users::Entity::delete_by_id(lost)
+        .exec(&stack.users_db)
+        .await
+        .expect("a user the backup lacks");
+    users_svc::entity::inbox::Entity::delete_by_id(create_row.idempotency_key.clone())
+        .exec(&stack.users_db)
+        .await
+        .expect("its key, which the backup lacks");
+    stack.restart_users(None).await;
+    // Meanwhile the student is renamed: the change goes to the user it is linked to,
+    // which Users no longer has, and fails at once.
+    assert_eq!(stack.rename_student(&ids[0], "Renamed").await, 2);
+    let rename = eventually("the rename to fail", LINK_DEADLINE, || async {
+        stack.outbox_rows().await.into_iter().find(|row| {
+            row.aggregate_id == student_id
+                && row.aggregate_version == 2
+                && row.status == OutboxStatus::Failed
+        })
+    })
+    .await;
+    assert_eq!(
+        rename.error_code.as_deref(),
+        Some("USER_NOT_FOUND"),
+        "{rename:?}"
+    );
+
+    // The routine.
+    stack.assert_audit_finds(
+        2,
+        &[format!(
+            "student {}: linked to user {lost}, which Users does not have",
+            ids[0]
+        )],
+    );
+    let resend = stack.relay_command(&["resend", "--all"]);
+    assert_eq!(
+        (
+            resend.status.code(),
+            String::from_utf8_lossy(&resend.stdout).into_owned()
+        ),
+        (
+            Some(0),
+            format!(
+                "student {}: user {lost} is not in Users: link cleared; requeued with their \
+                 keys: rows {}\nresent=1 refused=0 unchanged=1\n",
+                ids[0], create_row.id
+            )
+        ),
+        "{}",
+        String::from_utf8_lossy(&resend.stderr)
+    );
+    let retry = stack.relay_command(&["retry-failed", "--all"]);
+    assert_eq!(
+        retry.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&retry.stdout)
+    );
+    stack.wait_until_all_linked(2).await;
+    stack.wait_until_all_synced(2).await;
+    stack.assert_audit_finds(2, &[]);
+    let links =
+        assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 2).await;
+    let again = links[&student_id];
+    assert_ne!(again, lost, "created again: a new id");
+    let user = stored_user(&stack.users_db, again).await;
+    assert_eq!(
+        (
+            user.student_id,
+            user.first_name.as_str(),
+            user.source_version
+        ),
+        (student_id, "Renamed", 2)
+    );
+}
 
 /// README ("relay resend"): the refusals that keep a resend from making a second user, each
 /// changing nothing: Users holds another user of the student (made by hand here), not its
