@@ -234,6 +234,7 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
     for process in [&mut relay, &mut student, &mut users] {
         stop(process);
     }
+    assert_no_personal_data(&collector.spans(), 0..3);
 
     let batches: Vec<ReceivedSpan> = collector
         .spans()
@@ -687,6 +688,7 @@ async fn retry_failed_asks_users_about_a_rows_key_in_the_rows_trace(backend: Bac
     for process in [&mut student, &mut users] {
         stop(process);
     }
+    assert_no_personal_data(&collector.spans(), 0..1);
 
     let spans = Spans(collector.spans_of(&trace_id));
     let call = spans.only("student-svc", SpanKind::Server);
@@ -1439,6 +1441,24 @@ impl Spans {
 
     fn only(&self, service: &str, kind: SpanKind) -> ReceivedSpan {
         self.all(service, kind, 1).remove(0)
+    }
+}
+
+/// Asserts that no span carries the e-mail address or document number of any of the
+/// `students` (as [`student_request`] makes them), in its name, attributes, links or
+/// status: a tracing backend is no place for personal data (README, "Personal data").
+fn assert_no_personal_data(spans: &[ReceivedSpan], students: std::ops::Range<usize>) {
+    assert!(!spans.is_empty(), "no span to look at");
+    for n in students {
+        let student = student_request(n);
+        for value in [student.email, student.document_number] {
+            for span in spans {
+                assert!(
+                    !format!("{span:?}").contains(&value),
+                    "{value} in {span:#?}"
+                );
+            }
+        }
     }
 }
 
