@@ -1364,6 +1364,54 @@ async fn wait_for_health(addr: std::net::SocketAddr, expected: ServingStatus) {
     .await;
 }
 
+/// PostgreSQL only, as above: a relay whose host clock runs an hour behind hurries no row.
+/// Its lease is the database's: stalled after its claim, the row it holds is leased past
+/// the row's creation, not until an hour before it (when any other relay could take the
+/// row at once and send it a second time). Its retries are due a backoff after the
+/// database's now, not an hour before it (which would send them again at once, and again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_whose_clocks_run_behind_hurry_no_row() {
+    let Some(mut stack) = Stack::start(Backend::Postgres).await else {
+        return;
+    };
+    let an_hour_behind = "clock-skew=skew(-3600000)";
+    stack.kill_relays();
+    stack.start_relay(
+        Some(&format!(
+            "{an_hour_behind};{}=1*sleep(1500)",
+            points::RELAY_AFTER_CLAIM
+        )),
+        &[],
+    );
+    stack.create_students(0..1).await;
+    let held = eventually("the row claimed", LINK_DEADLINE, || async {
+        let row = stack.outbox_rows().await.remove(0);
+        (row.status == OutboxStatus::Processing).then_some(row)
+    })
+    .await;
+    let leased_for = held.locked_until.expect("leased") - held.created_at;
+    assert!(
+        leased_for > chrono::TimeDelta::zero() && leased_for < chrono::TimeDelta::minutes(1),
+        "leased until {leased_for} after the row was created"
+    );
+    stack.wait_until_all_linked(1).await;
+
+    stack.kill_users();
+    stack.create_students(1..2).await;
+    let retried = eventually("the row to be retried", LINK_DEADLINE, || async {
+        let row = stack.outbox_rows().await.remove(1);
+        (row.status == OutboxStatus::Pending && row.attempts >= 1).then_some(row)
+    })
+    .await;
+    let due_in = retried.available_at - retried.created_at;
+    assert!(
+        due_in > chrono::TimeDelta::zero() && due_in < chrono::TimeDelta::minutes(1),
+        "due {due_in} after the row was created"
+    );
+    stack.restart_users(None).await;
+    stack.wait_until_all_linked(2).await;
+}
+
 /// PostgreSQL only: on SQLite every process shares one machine and one clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hosts_whose_clocks_run_ahead_delay_no_row() {
