@@ -46,6 +46,7 @@ on_both_backends!(
     the_sampler_named_exports_whole_journeys_or_none,
     a_sampler_that_is_not_parent_based_overrules_the_caller,
     spans_the_collector_did_not_take_are_counted,
+    a_collector_that_never_answers_slows_no_call_and_holds_a_stop_at_most_5_s,
     spans_reach_an_https_collector_trusted_through_the_ca_file_named,
     spans_reach_a_collector_that_asks_for_a_client_certificate_only_with_its_own,
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
@@ -1015,6 +1016,65 @@ async fn spans_the_collector_did_not_take_are_counted(backend: Backend) {
             .sum();
         assert_eq!(received, if round == 0 { 0 } else { 5 }, "round {round}");
     }
+}
+
+/// README ("Following one student"): exporting never slows or fails a call, and a binary
+/// that stops waits at most 5 s for the collector. Here the collector accepts connections
+/// and never answers (a hung collector, or a network that drops its replies), the batch
+/// processor tries to send every 50 ms, and the export's own deadline is 30 s: 30
+/// CreateUser calls are each answered within their 2 s deadline, and SIGTERM ends the
+/// process within 20 s (about 5 s and a little: were it to wait for the export's own
+/// deadline, 30 s), saying the queued spans were not sent.
+async fn a_collector_that_never_answers_slows_no_call_and_holds_a_stop_at_most_5_s(
+    backend: Backend,
+) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hung_endpoint = format!("http://{}", hung.local_addr().expect("its address"));
+    // Accepts each connection and holds it open, reading and writing nothing.
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = hung.accept().await {
+            held.push(connection);
+        }
+    });
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", hung_endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "30000"),
+    ];
+    let mut users = start_exporting_with(&dbs, &collector, &env, "users-svc", &[]);
+    let addr = serving(&mut users).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let client = proto::users::v1::users_service_client::UsersServiceClient::new(channel);
+    for n in 0..30 {
+        let mut request = with_trace(conflicting_user_request(n), &new_trace_id());
+        request.set_timeout(Duration::from_secs(2));
+        client
+            .clone()
+            .create_user(request)
+            .await
+            .unwrap_or_else(|status| panic!("call {n}: {status:?}"));
+    }
+    users.signal(Signal::SIGTERM).expect("SIGTERM");
+    let status = users
+        .wait_timeout(Duration::from_secs(20))
+        .expect("wait")
+        .expect("users-svc stops within 20 s");
+    assert!(status.success(), "{status}");
+    let log = std::fs::read_to_string(users.log_path()).expect("the log");
+    assert!(
+        log.contains("spans still queued for the collector were not sent"),
+        "{log}"
+    );
+    holding.abort();
 }
 
 /// The address the last process to write the log `log` logged as `metrics_addr=`.
