@@ -35,7 +35,7 @@ use crate::{
         eventually,
         invariants::{assert_each_student_linked_exactly_once, stored_user, users_and_inbox_rows},
         metrics::{sample, scrape},
-        stack::{LINK_DEADLINE, Stack, binaries},
+        stack::{LINK_DEADLINE, RELAY_TUNING, Stack, binaries},
         student_request,
     },
 };
@@ -44,6 +44,7 @@ on_both_backends!(
     a_tls_relay_with_the_token_delivers_end_to_end,
     a_plaintext_client_is_refused_by_a_tls_server,
     a_relay_that_does_not_trust_the_ca_keeps_the_row_pending,
+    a_relay_named_no_ca_file_trusts_the_systems_roots,
     calls_without_the_token_are_unauthenticated_while_health_and_reflection_stay_open,
     the_binaries_take_tls_and_the_token_from_their_environment,
     a_token_rotation_under_a_pending_backlog_fails_no_row,
@@ -161,6 +162,59 @@ async fn a_relay_that_does_not_trust_the_ca_keeps_the_row_pending(backend: Backe
         "transient, not failed"
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+}
+
+/// README ("Configuration", `--users-ca`): a relay named no CA file trusts the system's
+/// roots for an `https://` Users. Two relay processes, neither given `USERS_TLS_CA`: the
+/// first, whose system roots (the machine's) lack the test CA, cannot verify Users and
+/// keeps the row pending (retried, never failed); the second, whose system roots are the
+/// test CA (`SSL_CERT_FILE`, which the system-roots loader reads), delivers it.
+async fn a_relay_named_no_ca_file_trusts_the_systems_roots(backend: Backend) {
+    let Some((app, pki)) = secured_app(backend).await else {
+        return;
+    };
+    let (ca, _, _) = pki.write_to(app.databases.dir.path());
+    app.student
+        .clone()
+        .create_student(student_request(1))
+        .await
+        .expect("created");
+    let relay = |name: &str, extra: &[(&str, &str)]| {
+        let env: Vec<(String, String)> = [
+            ("STUDENT_DATABASE_URL", app.databases.student_url.as_str()),
+            ("USERS_URL", &format!("https://{}", app.users_addr)),
+            ("USERS_AUTH_TOKEN", TOKEN),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+        let args: Vec<String> = std::iter::once("run")
+            .chain(RELAY_TUNING.iter().copied())
+            .map(str::to_owned)
+            .collect();
+        let log = app.databases.dir.path().join(format!("{name}.log"));
+        Process::spawn_isolated(&binaries().join("relay"), &args, &env, &log).expect("relay")
+    };
+    let mut untrusting = relay("relay-machine-roots", &[]);
+    // Retried (a transient failure: pending again, with its attempt), never failed.
+    let retried = eventually("the row retried", LINK_DEADLINE, || async {
+        let row = only_row(&app).await;
+        assert_ne!(row.status, OutboxStatus::Failed, "{row:?}");
+        (row.status == OutboxStatus::Pending && row.attempts >= 1).then_some(row)
+    })
+    .await;
+    untrusting.kill().expect("kill");
+    assert!(retried.last_error.is_some(), "{retried:?}");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+
+    let ca = ca.to_string_lossy();
+    let _trusting = relay("relay-test-roots", &[("SSL_CERT_FILE", &ca)]);
+    eventually("the row delivered", LINK_DEADLINE, || async {
+        (only_row(&app).await.status == OutboxStatus::Done).then_some(())
+    })
+    .await;
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
 }
 
 async fn calls_without_the_token_are_unauthenticated_while_health_and_reflection_stay_open(
