@@ -31,6 +31,8 @@ on_both_backends!(
     another_key_with_a_taken_document_number_is_rejected_and_the_rejection_replays,
     a_rejected_key_repeated_where_memory_does_not_know_it_keeps_its_rejection,
     a_rejection_whose_commit_failed_is_not_remembered,
+    a_creation_whose_commit_failed_is_not_remembered,
+    a_change_whose_commit_failed_is_not_remembered,
     get_user_returns_the_user_or_names_the_problem,
     list_users_returns_a_students_users_oldest_first_or_names_the_problem,
     list_users_without_a_student_pages_through_every_user,
@@ -905,14 +907,7 @@ async fn a_rejection_whose_commit_failed_is_not_remembered(backend: Backend) {
     // Now the document number is free, and nothing saved an answer under the key: the
     // same process must judge it again (and create the user), not answer the rejection
     // it would have saved from memory.
-    let lift = match backend {
-        Backend::Postgres => "DROP TRIGGER refuse_commit ON inbox",
-        Backend::Sqlite => "DROP TRIGGER refuse_commit",
-    };
-    app.users_db
-        .execute_unprepared(lift)
-        .await
-        .expect("lift the commit trap");
+    lift_the_commit_trap(&app.users_db, backend).await;
     users::Entity::update_many()
         .col_expr(users::Column::Enabled, Expr::value(false))
         .exec(&app.users_db)
@@ -925,6 +920,97 @@ async fn a_rejection_whose_commit_failed_is_not_remembered(backend: Backend) {
         .into_inner();
     assert!(Uuid::parse_str(&created.user_id).is_ok());
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 2));
+}
+
+/// README ("Inbox"): an answer is remembered only after its commit. A CreateUser whose
+/// commit the database refuses answers INTERNAL and stores nothing; sent again once the
+/// database commits, the same process creates the user then (a user that exists), rather
+/// than answer from memory with the id of a user that was never stored.
+async fn a_creation_whose_commit_failed_is_not_remembered(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    refuse_to_commit_inbox_row(&app.users_db, backend, "create-key").await;
+    let status = users
+        .create_user(request("create-key"))
+        .await
+        .expect_err("the creation's commit fails");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+    lift_the_commit_trap(&app.users_db, backend).await;
+    let created = users
+        .create_user(request("create-key"))
+        .await
+        .expect("created now")
+        .into_inner();
+    let user = stored_user(
+        &app.users_db,
+        Uuid::parse_str(&created.user_id).expect("uuid"),
+    )
+    .await;
+    assert_eq!(user.first_name, "Ana");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+}
+
+/// The same for a change: an UpdateUser whose commit the database refuses changes nothing;
+/// sent again once the database commits, it is applied then, not answered `applied` from
+/// memory while the user keeps its old name.
+async fn a_change_whose_commit_failed_is_not_remembered(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let created = users
+        .create_user(request("create-key"))
+        .await
+        .expect("created")
+        .into_inner();
+    let user_id = Uuid::parse_str(&created.user_id).expect("uuid");
+    let rename = proto::users::v1::UpdateUserRequest {
+        idempotency_key: "rename-key".into(),
+        student_id: request("create-key").student_id,
+        first_name: "Renamed".into(),
+        last_name: "Pérez".into(),
+        email: "ana.perez@example.edu".into(),
+        source_version: 2,
+        user_id: created.user_id.clone(),
+    };
+    refuse_to_commit_inbox_row(&app.users_db, backend, "rename-key").await;
+    let status = users
+        .update_user(rename.clone())
+        .await
+        .expect_err("the change's commit fails");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    let unchanged = stored_user(&app.users_db, user_id).await;
+    assert_eq!(
+        (unchanged.first_name.as_str(), unchanged.source_version),
+        ("Ana", 1)
+    );
+    lift_the_commit_trap(&app.users_db, backend).await;
+    let applied = users
+        .update_user(rename)
+        .await
+        .expect("applied now")
+        .into_inner();
+    assert!(applied.applied, "{applied:?}");
+    let renamed = stored_user(&app.users_db, user_id).await;
+    assert_eq!(
+        (renamed.first_name.as_str(), renamed.source_version),
+        ("Renamed", 2)
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
+}
+
+/// Undoes [`refuse_to_commit_inbox_row`]: commits pass again.
+async fn lift_the_commit_trap(db: &sea_orm::DatabaseConnection, backend: Backend) {
+    let lift = match backend {
+        Backend::Postgres => "DROP TRIGGER refuse_commit ON inbox",
+        Backend::Sqlite => "DROP TRIGGER refuse_commit",
+    };
+    db.execute_unprepared(lift)
+        .await
+        .expect("lift the commit trap");
 }
 
 /// Makes every commit that would keep an inbox row for `key` fail, after its insert passed:
