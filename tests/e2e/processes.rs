@@ -28,6 +28,7 @@ use crate::{
 
 on_both_backends!(
     three_binaries_link_every_student_and_replay_creates_nothing,
+    no_transaction_is_held_open_across_the_call_to_users,
     a_relay_killed_mid_delivery_and_restarted_loses_and_duplicates_nothing,
     users_svc_killed_and_restarted_delays_but_loses_nothing,
     sigterm_and_ctrl_c_stop_every_binary_cleanly,
@@ -1362,6 +1363,76 @@ async fn wait_for_health(addr: std::net::SocketAddr, expected: ServingStatus) {
         },
     )
     .await;
+}
+
+/// README ("Sequence"): no transaction is ever held open across the call to Users. Users
+/// holds each call for 3 s (the relay's deadline is longer), and while a call waits there
+/// the Student DB shows no relay transaction: on PostgreSQL no relay connection is `idle in
+/// transaction`; on SQLite a write transaction of the test's own, refusing to wait at all
+/// (`busy_timeout` 0), takes the write lock at once.
+async fn no_transaction_is_held_open_across_the_call_to_users(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack
+        .restart_users(Some("users-on-request=1*sleep(3000)"))
+        .await;
+    stack.start_relay(None, CALLS_OUTLAST_A_STALL);
+    stack.create_students(0..1).await;
+    stack
+        .wait_for_log_lines("users-svc", "fail point: sleeping", 1)
+        .await;
+    match backend {
+        Backend::Postgres => {
+            let relay_connections = |state: &str| {
+                sea_orm::Statement::from_string(
+                    sea_orm::DbBackend::Postgres,
+                    format!(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = \
+                         current_database() AND application_name = 'relay' {state}"
+                    ),
+                )
+            };
+            let count = |statement| async {
+                let row = stack
+                    .student_db
+                    .query_one_raw(statement)
+                    .await
+                    .expect("pg_stat_activity")
+                    .expect("a row");
+                row.try_get_by_index::<i64>(0).expect("a count")
+            };
+            assert!(
+                count(relay_connections("")).await > 0,
+                "the relay is connected"
+            );
+            assert_eq!(
+                count(relay_connections("AND state LIKE 'idle in transaction%'")).await,
+                0,
+                "a relay transaction open while its call waits in Users"
+            );
+        }
+        Backend::Sqlite => {
+            let options = sea_orm::ConnectOptions::new(stack.dbs.student_url.clone())
+                .max_connections(1)
+                .to_owned();
+            let probe = sea_orm::Database::connect(options).await.expect("connect");
+            probe
+                .execute_unprepared("PRAGMA busy_timeout = 0")
+                .await
+                .expect("no waiting");
+            probe
+                .execute_unprepared("BEGIN IMMEDIATE")
+                .await
+                .expect("the write lock is free while the call waits in Users");
+            probe
+                .execute_unprepared("ROLLBACK")
+                .await
+                .expect("rollback");
+        }
+    }
+    stack.wait_until_all_linked(1).await;
 }
 
 /// PostgreSQL only, as above: a relay whose host clock runs an hour behind hurries no row.
