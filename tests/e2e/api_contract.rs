@@ -36,6 +36,7 @@ on_both_backends!(
     fifty_racing_create_students_with_one_client_key_get_one_student,
     racing_create_students_each_get_their_own_answer,
     one_key_raced_with_two_requests_never_makes_a_second_user,
+    one_client_key_raced_with_two_create_students_never_makes_a_second_student,
     every_invalid_argument_names_its_field_in_a_bad_request_violation,
     errors_carry_stable_reasons_in_error_info,
     document_numbers_differing_only_in_case_name_one_document,
@@ -219,6 +220,52 @@ async fn racing_create_students_each_get_their_own_answer(backend: Backend) {
         assert_eq!(stored.first_name, student.first_name);
     }
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (30, 30));
+}
+
+/// Student's side of the same race, through its group commit: fifty CreateStudents under
+/// one client key, half of one student and half of another. One student is stored (and one
+/// outbox row); every OK answer is that student, its own request's; every other answer is
+/// the key's refusal for another request. Never a second student, and never a caller
+/// given a student it did not ask for.
+async fn one_client_key_raced_with_two_create_students_never_makes_a_second_student(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let calls = (0..50).map(|n| {
+        let mut student = app.student.clone();
+        let request = CreateStudentRequest {
+            idempotency_key: Some("contested".to_owned()),
+            ..student_request(n % 2)
+        };
+        async move { (n % 2, student.create_student(request).await) }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let winners: Vec<(usize, String, String)> = answers
+        .iter()
+        .filter_map(|(asked, answer)| {
+            let student = answer.as_ref().ok()?.get_ref();
+            Some((*asked, student.id.clone(), student.document_number.clone()))
+        })
+        .collect();
+    assert!(!winners.is_empty(), "somebody wins");
+    assert!(
+        winners.iter().all(|winner| *winner == winners[0]),
+        "every OK is the same student: {winners:?}"
+    );
+    let (asked, _, document_number) = &winners[0];
+    assert_eq!(*document_number, student_request(*asked).document_number);
+    for (asked_for, answer) in &answers {
+        if let Err(status) = answer {
+            assert_ne!(
+                asked_for, asked,
+                "the winner's request always gets its student"
+            );
+            crate::support::assert_key_reused(status);
+        }
+    }
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
 }
 
 async fn one_key_raced_with_two_requests_never_makes_a_second_user(backend: Backend) {
