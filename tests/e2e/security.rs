@@ -30,9 +30,9 @@ use crate::{
     on_both_backends,
     support::{
         Backend, TestDatabases,
-        app::{AppOptions, TestApp, channel, spawn_app_with, test_tuning},
+        app::{AppOptions, TestApp, bearer, channel, spawn_app_with, test_tuning},
         certs::TestPki,
-        eventually,
+        conflicting_user_request, eventually,
         invariants::{assert_each_student_linked_exactly_once, stored_user, users_and_inbox_rows},
         metrics::{sample, scrape},
         stack::{LINK_DEADLINE, RELAY_TUNING, Stack, binaries},
@@ -457,6 +457,60 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
         .await
         .expect("Users DB");
     assert_each_student_linked_exactly_once(&student_db, &users_db, 1).await;
+
+    // `relay retry-failed` asks Users over TLS with the token too: someone else holds
+    // student 3's document number, so its row is rejected; without the token its
+    // questions are refused (exit 2, nothing changed), with it the row gets a new key.
+    UsersServiceClient::with_interceptor(
+        channel(users_addr, Some(&pki)),
+        bearer(Some(TOKEN.into())),
+    )
+    .create_user(conflicting_user_request(3))
+    .await
+    .expect("someone else holds student 3's document number");
+    client
+        .create_student(student_request(3))
+        .await
+        .expect("created");
+    let failed = eventually("the row rejected", LINK_DEADLINE, || async {
+        outbox::Entity::find()
+            .all(&student_db)
+            .await
+            .expect("rows")
+            .into_iter()
+            .find(|row| row.status == OutboxStatus::Failed)
+    })
+    .await;
+    let retry_failed = |env: &[(String, String)]| {
+        std::process::Command::new(binaries().join("relay"))
+            .env_clear()
+            .args(["retry-failed", "--all", "--new-key"])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("relay retry-failed")
+    };
+    let without_token: Vec<(String, String)> = relay_env
+        .iter()
+        .filter(|(name, _)| name != "USERS_AUTH_TOKEN")
+        .cloned()
+        .collect();
+    let refused = retry_failed(&without_token);
+    let stdout = String::from_utf8_lossy(&refused.stdout);
+    assert_eq!(refused.status.code(), Some(2), "{stdout}");
+    assert!(
+        stdout.contains(&format!("id={} ", failed.id)) && stdout.contains("not re-keyed"),
+        "{stdout}"
+    );
+    let rekeyed = retry_failed(&relay_env);
+    let stdout = String::from_utf8_lossy(&rekeyed.stdout);
+    assert_eq!(rekeyed.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "requeued (new key; was {}): Users holds no user of student {}",
+            failed.idempotency_key, failed.aggregate_id
+        )),
+        "{stdout}"
+    );
 
     // The naive flow takes the same settings from the same variables (README,
     // configuration: read by `--link-mode direct` only): its CreateStudent calls Users

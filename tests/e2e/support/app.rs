@@ -233,7 +233,7 @@ pub type UsersTestClient = UsersServiceClient<InterceptedService<Channel, Bearer
 #[derive(Clone)]
 pub struct BearerToken(Option<MetadataValue<Ascii>>);
 
-fn bearer(token: Option<String>) -> BearerToken {
+pub fn bearer(token: Option<String>) -> BearerToken {
     BearerToken(token.map(|t| format!("Bearer {t}").parse().expect("ascii token")))
 }
 
