@@ -24,7 +24,7 @@ use tonic::service::Routes;
 
 pub use api::{Link, StudentApi};
 pub use error::Error;
-pub use new_student::NewStudent;
+pub use new_student::{NewStudent, StudentChange};
 
 /// Largest request message accepted, in bytes; larger ones get OUT_OF_RANGE.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;

@@ -29,6 +29,7 @@ on_both_backends!(
     an_expected_version_ahead_of_the_student_is_aborted_too,
     concurrent_changes_of_one_student_are_each_applied_in_turn,
     client_keys_answer_retries_and_refuse_other_requests,
+    a_retry_of_an_update_accepted_before_the_names_rule_gets_its_student,
     an_inactive_student_accepts_no_update,
     a_students_rows_are_delivered_one_at_a_time_in_version_order,
     a_failed_update_holds_back_that_students_later_rows_only,
@@ -378,6 +379,75 @@ async fn client_keys_answer_retries_and_refuse_other_requests(backend: Backend) 
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
     let now = get(&app, &student.id).await;
     assert_eq!((now.version, now.active), (2, true));
+}
+
+/// README ("Validation"): an UpdateStudent accepted before Student refused invisible
+/// formatting in names (saved here as the older student-svc saved it: the student's name
+/// and the change's fingerprint under its key) is answered from its key when retried, the
+/// student as it is now, not refused by the rule; a new UpdateStudent carrying the same
+/// name is refused, naming the field, and writes nothing.
+async fn a_retry_of_an_update_accepted_before_the_names_rule_gets_its_student(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let keyed = |first_name: &str, key: &str| UpdateStudentRequest {
+        idempotency_key: Some(key.to_owned()),
+        ..update(&student, first_name)
+    };
+    app.student
+        .clone()
+        .update_student(keyed("Renamed", "rename-1"))
+        .await
+        .expect("renamed");
+    let older = keyed("Ana\u{200B}Luz", "rename-1");
+    let fingerprint = student_svc::StudentChange::try_from(older.clone())
+        .expect("valid but for Student's names rule")
+        .request_hash();
+    let id = Uuid::parse_str(&student.id).expect("uuid");
+    student_store::entity::students::Entity::update_many()
+        .col_expr(
+            student_store::entity::students::Column::FirstName,
+            Expr::value(older.first_name.clone()),
+        )
+        .filter(student_store::entity::students::Column::Id.eq(id))
+        .exec(&app.student_db)
+        .await
+        .expect("the student as the older service saved it");
+    outbox::Entity::update_many()
+        .col_expr(outbox::Column::RequestHash, Expr::value(fingerprint))
+        .filter(outbox::Column::ClientKey.eq("rename-1"))
+        .exec(&app.student_db)
+        .await
+        .expect("the change's fingerprint as the older service saved it");
+
+    let again = app
+        .student
+        .clone()
+        .update_student(older)
+        .await
+        .expect("the retry gets its student")
+        .into_inner();
+    assert_eq!(
+        (again.version, again.first_name.as_str()),
+        (2, "Ana\u{200B}Luz")
+    );
+    let status = app
+        .student
+        .clone()
+        .update_student(keyed("Ana\u{200B}Luz", "rename-2"))
+        .await
+        .expect_err("a new request");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "invalid first_name: must not contain invisible formatting characters \
+             (bidirectional overrides, zero-width spaces, tags)"
+        )
+    );
+    assert_eq!(get(&app, &student.id).await.version, 2);
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
 }
 
 async fn an_inactive_student_accepts_no_update(backend: Backend) {
