@@ -99,7 +99,7 @@ static SAMPLER: OnceLock<Sampler> = OnceLock::new();
 /// what it returns.
 pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
-    let Some(endpoint) = first_set(&ENDPOINT_VARIABLES) else {
+    let Some((endpoint_variable, endpoint)) = first_named(&ENDPOINT_VARIABLES) else {
         return Ok(Exporter { exporting: false });
     };
     if disabled || PROCESSOR.get().is_some() {
@@ -119,11 +119,14 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
         exporter = exporter.with_tls_config(collector_tls()?);
     }
     let exporter = exporter.build().with_context(|| {
+        let tls_files = if endpoint.starts_with("https://") {
+            " and the TLS files named (OTEL_EXPORTER_OTLP_CERTIFICATE, \
+             OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, OTEL_EXPORTER_OTLP_CLIENT_KEY)"
+        } else {
+            ""
+        };
         format!(
-            "cannot set up the OTLP span exporter for {endpoint}: see \
-                 OTEL_EXPORTER_OTLP_ENDPOINT and the TLS files named \
-                 (OTEL_EXPORTER_OTLP_CERTIFICATE, OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, \
-                 OTEL_EXPORTER_OTLP_CLIENT_KEY)"
+            "cannot set up the OTLP span exporter: see {endpoint_variable} {endpoint:?}{tls_files}"
         )
     })?;
     let mut processor = BatchSpanProcessor::builder(Counted(exporter)).build();
@@ -291,13 +294,14 @@ fn collector_tls() -> anyhow::Result<tonic::transport::ClientTlsConfig> {
                 read("key", &key)?,
             )))
         }
+        // The missing one is asked for in the form (`..._TRACES_...` or not) of the one named.
         (Some((named, _)), None) => bail!(
             "{named} names a client certificate but no key is named for it ({})",
-            CLIENT_KEY_VARIABLES[1]
+            named.replace("CLIENT_CERTIFICATE", "CLIENT_KEY")
         ),
         (None, Some((named, _))) => bail!(
             "{named} names a client key but no certificate is named for it ({})",
-            CLIENT_CERTIFICATE_VARIABLES[1]
+            named.replace("CLIENT_KEY", "CLIENT_CERTIFICATE")
         ),
         (None, None) => Ok(tls),
     }

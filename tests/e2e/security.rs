@@ -165,10 +165,11 @@ async fn a_relay_that_does_not_trust_the_ca_keeps_the_row_pending(backend: Backe
 }
 
 /// README ("Configuration", `--users-ca`): a relay named no CA file trusts the system's
-/// roots for an `https://` Users. Two relay processes, neither given `USERS_TLS_CA`: the
-/// first, whose system roots (the machine's) lack the test CA, cannot verify Users and
-/// keeps the row pending (retried, never failed); the second, whose system roots are the
-/// test CA (`SSL_CERT_FILE`, which the system-roots loader reads), delivers it.
+/// roots for an `https://` Users. Two relay processes, neither given `USERS_TLS_CA`, each
+/// given its system roots by `SSL_CERT_FILE` (which the system-roots loader reads, so the
+/// test does not depend on the machine's bundle): the first, whose roots are another CA,
+/// cannot verify Users and keeps the row pending (retried, never failed); the second,
+/// whose roots are the test CA, delivers it.
 async fn a_relay_named_no_ca_file_trusts_the_systems_roots(backend: Backend) {
     let Some((app, pki)) = secured_app(backend).await else {
         return;
@@ -196,7 +197,11 @@ async fn a_relay_named_no_ca_file_trusts_the_systems_roots(backend: Backend) {
         let log = app.databases.dir.path().join(format!("{name}.log"));
         Process::spawn_isolated(&binaries().join("relay"), &args, &env, &log).expect("relay")
     };
-    let mut untrusting = relay("relay-machine-roots", &[]);
+    let strangers = app.databases.dir.path().join("strangers");
+    std::fs::create_dir(&strangers).expect("a directory");
+    let (stranger_ca, _, _) = TestPki::new().write_to(&strangers);
+    let stranger_ca = stranger_ca.to_string_lossy();
+    let mut untrusting = relay("relay-other-roots", &[("SSL_CERT_FILE", &stranger_ca)]);
     // Retried (a transient failure: pending again, with its attempt), never failed.
     let retried = eventually("the row retried", LINK_DEADLINE, || async {
         let row = only_row(&app).await;

@@ -452,24 +452,27 @@ async fn a_span_is_an_error_only_when_its_hop_failed(backend: Backend) {
     let call = journey.only("student-svc", SpanKind::Server);
     assert_eq!(code(&call).as_deref(), Some("0"), "{call:#?}");
     assert_eq!(status(&call), (0, String::new()), "{call:#?}");
-    let deliveries = journey.all("relay", SpanKind::Client, 2);
+    // The first relay may have tried more than once before it stopped: each try is a
+    // `retried` error, then the one delivery that links the row.
+    let tries = journey
+        .0
+        .iter()
+        .filter(|span| span.service == "relay")
+        .count();
+    assert!(tries >= 2, "{:#?}", journey.0);
+    let deliveries = journey.all("relay", SpanKind::Client, tries);
     let outcomes: Vec<_> = deliveries
         .iter()
         .map(|delivery| (delivery.attribute("outbox.outcome"), status(delivery).0))
         .collect();
-    assert_eq!(
-        outcomes,
-        [
-            (Some("retried".to_owned()), 2),
-            (Some("linked".to_owned()), 0)
-        ],
-        "{deliveries:#?}"
-    );
+    let mut expected = vec![(Some("retried".to_owned()), 2); tries - 1];
+    expected.push((Some("linked".to_owned()), 0));
+    assert_eq!(outcomes, expected, "{deliveries:#?}");
     assert!(!status(&deliveries[0]).1.is_empty(), "{deliveries:#?}");
     let execution = journey.only("users-svc", SpanKind::Server);
     assert_eq!(code(&execution).as_deref(), Some("0"), "{execution:#?}");
     assert_eq!(status(&execution), (0, String::new()), "{execution:#?}");
-    assert_eq!(journey.0.len(), 4, "nothing else: {:#?}", journey.0);
+    assert_eq!(journey.0.len(), 2 + tries, "nothing else: {:#?}", journey.0);
 }
 
 /// README ("Following one student"): a delivery span stands for a call to Users. A row the
@@ -1233,6 +1236,8 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
     let junk = dbs.dir.path().join("junk.pem");
     std::fs::write(&junk, "not PEM\n").expect("write");
     let junk = junk.to_string_lossy();
+    let (_, certificate, _) = TestPki::new().write_to(dbs.dir.path());
+    let certificate = certificate.to_string_lossy();
     // What is wrong, the variables that say it, and what the error must name.
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
     let cases: [Case; 9] = [
@@ -1250,7 +1255,8 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
                 ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", &junk),
             ],
-            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE names a client certificate but no key",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE names a client certificate but no key is \
+             named for it (OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY)",
         ),
         (
             "a client key without its certificate",
@@ -1273,10 +1279,10 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
             "a client key that is no key",
             &[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
-                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &junk),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &certificate),
                 ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &junk),
             ],
-            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "Error parsing TLS private key",
         ),
         (
             "an endpoint that is no URL",
