@@ -24,6 +24,7 @@ use crate::{
         app::spawn_app,
         certs::TestPki,
         collector::{Collector, ReceivedSpan, hex},
+        commit_trap::refuse_to_commit_inbox_rows,
         conflicting_user_request, eventually,
         invariants::stored_user,
         metrics::{
@@ -53,6 +54,7 @@ on_both_backends!(
     a_span_is_an_error_only_when_its_hop_failed,
     a_row_handed_back_unsent_has_no_delivery_span,
     rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_delivery,
+    items_of_a_call_whose_transaction_failed_are_each_a_failed_span,
     retry_failed_asks_users_about_a_rows_key_in_the_rows_trace,
 );
 
@@ -623,6 +625,109 @@ async fn rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_deliv
             "{deliveries:#?}"
         );
         assert_eq!(spans.0.len(), 2, "nothing else: {:#?}", spans.0);
+    }
+}
+
+/// README ("Following one student"): rows sent together share one transaction at Users;
+/// when its commit fails (the Users DB refuses it here), each item is a failed CreateUser
+/// span of its own row's trace (INTERNAL, an error: the server failed), the call's own
+/// span fails the same way, and the relay's deliveries of the rows are `retried` errors.
+async fn items_of_a_call_whose_transaction_failed_are_each_a_failed_span(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let users_db = platform::db::connect(&dbs.users_url)
+        .await
+        .expect("Users DB");
+    refuse_to_commit_inbox_rows(&users_db, backend, None).await;
+    let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
+    let client = student_client(serving(&mut student).await);
+    let mut traces = Vec::new();
+    for n in 0..2 {
+        let trace_id = new_trace_id();
+        client
+            .clone()
+            .create_student(with_trace(student_request(n), &trace_id))
+            .await
+            .expect("created");
+        traces.push(trace_id);
+    }
+    let mut relay = start_exporting(
+        &dbs,
+        &collector,
+        "relay",
+        &["--users-url", &users_url, "run"],
+    );
+    let student_db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("Student DB");
+    eventually("both rows retried", LINK_DEADLINE, || async {
+        let rows = outbox::Entity::find()
+            .all(&student_db)
+            .await
+            .expect("outbox rows");
+        rows.iter()
+            .all(|row| row.status == outbox::OutboxStatus::Pending && row.attempts > 0)
+            .then_some(())
+    })
+    .await;
+    for process in [&mut relay, &mut student, &mut users] {
+        stop(process);
+    }
+
+    // Whether a span's status is an error, with a message.
+    let failed = |span: &ReceivedSpan| {
+        let status = span.span.status.clone().unwrap_or_default();
+        status.code == 2 && !status.message.is_empty()
+    };
+    let calls: Vec<ReceivedSpan> = collector
+        .spans()
+        .into_iter()
+        .filter(|received| received.span.name == "users.v1.UsersService/CreateUsers")
+        .collect();
+    assert!(!calls.is_empty(), "a CreateUsers call");
+    for call in &calls {
+        assert!(failed(call), "{call:#?}");
+        assert_eq!(
+            call.attribute("rpc.grpc.status_code").as_deref(),
+            Some("13")
+        );
+    }
+    for trace_id in &traces {
+        let spans = Spans(collector.spans_of(trace_id));
+        let at_users: Vec<&ReceivedSpan> = spans
+            .0
+            .iter()
+            .filter(|span| span.service == "users-svc")
+            .collect();
+        let deliveries: Vec<&ReceivedSpan> = spans
+            .0
+            .iter()
+            .filter(|span| span.service == "relay")
+            .collect();
+        assert!(
+            !at_users.is_empty() && at_users.len() == deliveries.len(),
+            "{:#?}",
+            spans.0
+        );
+        for item in at_users {
+            assert_eq!(item.span.name, "users.v1.UsersService/CreateUser");
+            assert_eq!(
+                item.attribute("rpc.grpc.status_code").as_deref(),
+                Some("13")
+            );
+            assert!(failed(item), "{item:#?}");
+        }
+        for delivery in deliveries {
+            assert_eq!(
+                delivery.attribute("outbox.outcome").as_deref(),
+                Some("retried")
+            );
+            assert!(failed(delivery), "{delivery:#?}");
+        }
     }
 }
 

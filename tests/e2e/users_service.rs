@@ -15,6 +15,7 @@ use crate::{
         Backend,
         app::{AppOptions, spawn_app_with},
         assert_key_reused,
+        commit_trap::{lift_the_commit_trap, refuse_to_commit_inbox_rows},
         invariants::{stored_user, users_and_inbox_rows},
         pgbench, spawn_app,
     },
@@ -896,7 +897,7 @@ async fn a_rejection_whose_commit_failed_is_not_remembered(backend: Backend) {
     let mut users = app.users.clone();
     // The database refuses to commit the second key's inbox row: its insert passes, and
     // the commit after it fails.
-    refuse_to_commit_inbox_row(&app.users_db, backend, "second-key").await;
+    refuse_to_commit_inbox_rows(&app.users_db, backend, Some("second-key")).await;
     let second = another_student_same_document("second-key");
     let status = users
         .create_user(second.clone())
@@ -931,7 +932,7 @@ async fn a_creation_whose_commit_failed_is_not_remembered(backend: Backend) {
         return;
     };
     let mut users = app.users.clone();
-    refuse_to_commit_inbox_row(&app.users_db, backend, "create-key").await;
+    refuse_to_commit_inbox_rows(&app.users_db, backend, Some("create-key")).await;
     let status = users
         .create_user(request("create-key"))
         .await
@@ -976,7 +977,7 @@ async fn a_change_whose_commit_failed_is_not_remembered(backend: Backend) {
         source_version: 2,
         user_id: created.user_id.clone(),
     };
-    refuse_to_commit_inbox_row(&app.users_db, backend, "rename-key").await;
+    refuse_to_commit_inbox_rows(&app.users_db, backend, Some("rename-key")).await;
     let status = users
         .update_user(rename.clone())
         .await
@@ -1000,50 +1001,4 @@ async fn a_change_whose_commit_failed_is_not_remembered(backend: Backend) {
         ("Renamed", 2)
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
-}
-
-/// Undoes [`refuse_to_commit_inbox_row`]: commits pass again.
-async fn lift_the_commit_trap(db: &sea_orm::DatabaseConnection, backend: Backend) {
-    let lift = match backend {
-        Backend::Postgres => "DROP TRIGGER refuse_commit ON inbox",
-        Backend::Sqlite => "DROP TRIGGER refuse_commit",
-    };
-    db.execute_unprepared(lift)
-        .await
-        .expect("lift the commit trap");
-}
-
-/// Makes every commit that would keep an inbox row for `key` fail, after its insert passed:
-/// a constraint the database checks only at commit (a deferred trigger on PostgreSQL, a
-/// deferred foreign key to a missing row on SQLite).
-async fn refuse_to_commit_inbox_row(db: &sea_orm::DatabaseConnection, backend: Backend, key: &str) {
-    let statements = match backend {
-        Backend::Postgres => vec![
-            "CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN RAISE EXCEPTION 'the test refuses this commit'; END $$"
-                .to_owned(),
-            format!(
-                "CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON inbox \
-                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
-                 WHEN (NEW.idempotency_key = '{key}') EXECUTE FUNCTION refuse_commit()"
-            ),
-        ],
-        Backend::Sqlite => vec![
-            "CREATE TABLE commit_allowed (id TEXT PRIMARY KEY)".to_owned(),
-            "ALTER TABLE inbox ADD COLUMN commit_allowed_id TEXT \
-             REFERENCES commit_allowed (id) DEFERRABLE INITIALLY DEFERRED"
-                .to_owned(),
-            format!(
-                "CREATE TRIGGER refuse_commit AFTER INSERT ON inbox \
-                 WHEN NEW.idempotency_key = '{key}' BEGIN \
-                 UPDATE inbox SET commit_allowed_id = 'never' \
-                 WHERE idempotency_key = NEW.idempotency_key; END"
-            ),
-        ],
-    };
-    for statement in statements {
-        db.execute_unprepared(&statement)
-            .await
-            .expect("install the commit trap");
-    }
 }

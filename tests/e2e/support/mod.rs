@@ -4,6 +4,7 @@
 pub mod app;
 pub mod certs;
 pub mod collector;
+pub mod commit_trap;
 pub mod databases;
 pub mod invariants;
 pub mod metrics;
