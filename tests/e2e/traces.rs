@@ -53,6 +53,7 @@ on_both_backends!(
     a_collector_the_exporter_cannot_use_stops_the_binary_at_start,
     a_span_is_an_error_only_when_its_hop_failed,
     a_row_handed_back_unsent_has_no_delivery_span,
+    a_row_failed_without_a_call_keeps_its_delivery_span,
     rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_delivery,
     items_of_a_call_whose_transaction_failed_are_each_a_failed_span,
     retry_failed_asks_users_about_a_rows_key_in_the_rows_trace,
@@ -552,6 +553,67 @@ async fn a_row_handed_back_unsent_has_no_delivery_span(backend: Backend) {
             spans.0
         );
     }
+}
+
+/// README ("Following one student"): a row the relay fails without calling Users (here its
+/// stored payload does not decode) keeps its delivery span, `failed` and an error, so the
+/// student's trace says how its journey ended; Users, never called, has no span in it.
+async fn a_row_failed_without_a_call_keeps_its_delivery_span(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
+    let users_url = format!("http://{}", serving(&mut users).await);
+    let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
+    let trace_id = new_trace_id();
+    student_client(serving(&mut student).await)
+        .create_student(with_trace(student_request(0), &trace_id))
+        .await
+        .expect("created");
+    let student_db = platform::db::connect(&dbs.student_url)
+        .await
+        .expect("Student DB");
+    outbox::Entity::update_many()
+        .col_expr(
+            outbox::Column::Payload,
+            sea_orm::sea_query::Expr::value(serde_json::json!({ "version": 1, "email": 7 })),
+        )
+        .exec(&student_db)
+        .await
+        .expect("spoil the row's payload");
+    let mut relay = start_exporting(
+        &dbs,
+        &collector,
+        "relay",
+        &["--users-url", &users_url, "run"],
+    );
+    eventually("the row failed", LINK_DEADLINE, || async {
+        let rows = outbox::Entity::find()
+            .all(&student_db)
+            .await
+            .expect("outbox rows");
+        (rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed).then_some(())
+    })
+    .await;
+    for process in [&mut relay, &mut student, &mut users] {
+        stop(process);
+    }
+
+    let spans = Spans(collector.spans_of(&trace_id));
+    let delivery = spans.only("relay", SpanKind::Client);
+    let status = delivery.span.status.clone().unwrap_or_default();
+    assert_eq!(
+        (delivery.attribute("outbox.outcome").as_deref(), status.code),
+        (Some("failed"), 2),
+        "{delivery:#?}"
+    );
+    assert_eq!(
+        spans.0.len(),
+        2,
+        "the call and the delivery: {:#?}",
+        spans.0
+    );
 }
 
 /// README ("Following one student"): rows sent together whose CreateUsers call Users
