@@ -9,8 +9,11 @@ use std::{collections::BTreeSet, sync::atomic::Ordering, time::Duration};
 use devstack::{Process, wait_until_serving};
 use nix::sys::signal::Signal;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use proto::student::v1::{
-    CreateStudentRequest, UserLinkStatus, student_service_client::StudentServiceClient,
+use proto::{
+    student::v1::{
+        CreateStudentRequest, UserLinkStatus, student_service_client::StudentServiceClient,
+    },
+    users::v1::users_service_client::UsersServiceClient,
 };
 use sea_orm::{EntityTrait as _, QueryOrder as _};
 use student_store::entity::outbox;
@@ -400,12 +403,8 @@ async fn a_span_is_an_error_only_when_its_hop_failed(backend: Backend) {
     let student_db = platform::db::connect(&dbs.student_url)
         .await
         .expect("Student DB");
-    eventually("the row retried", LINK_DEADLINE, || async {
-        let rows = outbox::Entity::find()
-            .all(&student_db)
-            .await
-            .expect("outbox rows");
-        (rows.len() == 1 && rows[0].attempts > 0).then_some(())
+    outbox_rows_when(&student_db, "the row retried", |rows| {
+        rows.len() == 1 && rows[0].attempts > 0
     })
     .await;
     stop(&mut relay);
@@ -588,12 +587,8 @@ async fn a_row_failed_without_a_call_keeps_its_delivery_span(backend: Backend) {
         "relay",
         &["--users-url", &users_url, "run"],
     );
-    eventually("the row failed", LINK_DEADLINE, || async {
-        let rows = outbox::Entity::find()
-            .all(&student_db)
-            .await
-            .expect("outbox rows");
-        (rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed).then_some(())
+    outbox_rows_when(&student_db, "the row failed", |rows| {
+        rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed
     })
     .await;
     for process in [&mut relay, &mut student, &mut users] {
@@ -726,14 +721,9 @@ async fn items_of_a_call_whose_transaction_failed_are_each_a_failed_span(backend
     let student_db = platform::db::connect(&dbs.student_url)
         .await
         .expect("Student DB");
-    eventually("both rows retried", LINK_DEADLINE, || async {
-        let rows = outbox::Entity::find()
-            .all(&student_db)
-            .await
-            .expect("outbox rows");
+    outbox_rows_when(&student_db, "both rows retried", |rows| {
         rows.iter()
             .all(|row| row.status == outbox::OutboxStatus::Pending && row.attempts > 0)
-            .then_some(())
     })
     .await;
     for process in [&mut relay, &mut student, &mut users] {
@@ -808,10 +798,7 @@ async fn retry_failed_asks_users_about_a_rows_key_in_the_rows_trace(backend: Bac
     let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
     let users_addr = serving(&mut users).await;
     let users_url = format!("http://{users_addr}");
-    let channel = tonic::transport::Endpoint::from_shared(users_url.clone())
-        .expect("endpoint")
-        .connect_lazy();
-    proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+    users_client(users_addr)
         .create_user(conflicting_user_request(0))
         .await
         .expect("somebody else holds student 0's document number");
@@ -830,14 +817,11 @@ async fn retry_failed_asks_users_about_a_rows_key_in_the_rows_trace(backend: Bac
     let student_db = platform::db::connect(&dbs.student_url)
         .await
         .expect("Student DB");
-    let row = eventually("the row rejected", LINK_DEADLINE, || async {
-        let rows = outbox::Entity::find()
-            .all(&student_db)
-            .await
-            .expect("outbox rows");
-        (rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed).then(|| rows[0].clone())
+    let row = outbox_rows_when(&student_db, "the row rejected", |rows| {
+        rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed
     })
-    .await;
+    .await
+    .remove(0);
     stop(&mut relay);
     let mut retry = start_exporting(
         &dbs,
@@ -1119,10 +1103,7 @@ async fn spans_the_collector_did_not_take_are_counted(backend: Backend) {
                 "{series}:\n{before}"
             );
         }
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint")
-            .connect_lazy();
-        let client = proto::users::v1::users_service_client::UsersServiceClient::new(channel);
+        let client = users_client(addr);
         let mut traces = Vec::new();
         for n in 0..5 {
             let trace_id = new_trace_id();
@@ -1220,10 +1201,7 @@ async fn a_collector_that_never_answers_slows_no_call_and_holds_a_stop_at_most_5
     ];
     let mut users = start_exporting_with(&dbs, &collector, &env, "users-svc", &[]);
     let addr = serving(&mut users).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("endpoint")
-        .connect_lazy();
-    let client = proto::users::v1::users_service_client::UsersServiceClient::new(channel);
+    let client = users_client(addr);
     for n in 0..30 {
         let mut request = with_trace(conflicting_user_request(n), &new_trace_id());
         request.set_timeout(Duration::from_secs(2));
@@ -1286,10 +1264,7 @@ async fn spans_reach_an_https_collector_trusted_through_the_ca_file_named(backen
         let mut users = start_exporting_with(&dbs, &collector, env, "users-svc", &[]);
         let addr = serving(&mut users).await;
         let trace_id = new_trace_id();
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint")
-            .connect_lazy();
-        proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+        users_client(addr)
             .create_user(with_trace(
                 conflicting_user_request(usize::from(trusted)),
                 &trace_id,
@@ -1371,10 +1346,7 @@ async fn spans_reach_a_collector_that_asks_for_a_client_certificate_only_with_it
         let mut users = start_exporting_with(&dbs, &collector, &env, "users-svc", &[]);
         let addr = serving(&mut users).await;
         let trace_id = new_trace_id();
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint")
-            .connect_lazy();
-        proto::users::v1::users_service_client::UsersServiceClient::new(channel)
+        users_client(addr)
             .create_user(with_trace(conflicting_user_request(n), &trace_id))
             .await
             .expect("created");
@@ -1618,10 +1590,35 @@ async fn wait_until_linked<'a>(
 }
 
 fn student_client(addr: std::net::SocketAddr) -> StudentServiceClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    StudentServiceClient::new(plaintext_channel(addr))
+}
+
+fn users_client(addr: std::net::SocketAddr) -> UsersServiceClient<tonic::transport::Channel> {
+    UsersServiceClient::new(plaintext_channel(addr))
+}
+
+fn plaintext_channel(addr: std::net::SocketAddr) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("endpoint")
-        .connect_lazy();
-    StudentServiceClient::new(channel)
+        .connect_lazy()
+}
+
+/// Waits until the Student DB's outbox rows (`db`, in id order) are as `ready` wants, and
+/// returns them.
+async fn outbox_rows_when(
+    db: &sea_orm::DatabaseConnection,
+    what: &str,
+    ready: impl Fn(&[outbox::Model]) -> bool,
+) -> Vec<outbox::Model> {
+    eventually(what, LINK_DEADLINE, || async {
+        let rows = outbox::Entity::find()
+            .order_by_asc(outbox::Column::Id)
+            .all(db)
+            .await
+            .expect("outbox rows");
+        ready(&rows).then_some(rows)
+    })
+    .await
 }
 
 /// SIGTERM, and a clean exit.
