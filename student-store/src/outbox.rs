@@ -1059,13 +1059,19 @@ pub fn report_statements(backend: DbBackend) -> Vec<(&'static str, Statement)> {
     ]
 }
 
-/// `status IN ('pending', 'processing')`, the values written out: SQLite uses the partial
-/// index `outbox_claimable` only for a condition that names its values, and with them bound
-/// as parameters it read the whole table, history and all, for each gauge.
-fn undelivered() -> Expr {
-    static UNDELIVERED_LITERALLY: LazyLock<String> =
-        LazyLock::new(|| format!("\"status\" IN ({})", UNDELIVERED.map(literal).join(", ")));
-    Expr::cust(UNDELIVERED_LITERALLY.as_str())
+/// `status IN (…)` with the values written out, never bound: SQLite uses a partial index
+/// (`outbox_claimable`) only for a condition that names its values, and with them bound as
+/// parameters it read the whole table, history and all, for each gauge. (PostgreSQL plans
+/// either form through the index.)
+fn status_in(statuses: &[OutboxStatus]) -> Expr {
+    let values: Vec<String> = statuses.iter().copied().map(literal).collect();
+    Expr::cust(format!("\"status\" IN ({})", values.join(", ")))
+}
+
+/// `status = …`, written out as [`status_in`] is; an `=`, since SQLite does not take a
+/// one-value `IN` for the `=` of a partial index's condition (`outbox_failed`).
+fn status_is(status: OutboxStatus) -> Expr {
+    Expr::cust(format!("\"status\" = {}", literal(status)))
 }
 
 fn undelivered_by_status() -> Select<outbox::Entity> {
@@ -1073,19 +1079,19 @@ fn undelivered_by_status() -> Select<outbox::Entity> {
         .select_only()
         .column(outbox::Column::Status)
         .column_as(outbox::Column::Id.count(), "rows")
-        .filter(undelivered())
+        .filter(status_in(&UNDELIVERED))
         .group_by(outbox::Column::Status)
 }
 
 fn with_status(status: OutboxStatus) -> Select<outbox::Entity> {
-    outbox::Entity::find().filter(outbox::Column::Status.eq(status))
+    outbox::Entity::find().filter(status_is(status))
 }
 
 /// Ids grow with creation, so the oldest undelivered row is the first in
 /// `outbox_claimable`: one index probe, not a sort of the backlog.
 fn oldest_undelivered() -> Select<outbox::Entity> {
     outbox::Entity::find()
-        .filter(undelivered())
+        .filter(status_in(&UNDELIVERED))
         .order_by_asc(outbox::Column::Id)
         .limit(1)
 }
@@ -1097,8 +1103,8 @@ fn blocked(backend: DbBackend) -> Statement {
 fn retrying() -> Select<outbox::Entity> {
     outbox::Entity::find()
         // `UNDELIVERED` first, for SQLite's planner.
-        .filter(undelivered())
-        .filter(outbox::Column::Status.eq(OutboxStatus::Pending))
+        .filter(status_in(&UNDELIVERED))
+        .filter(status_is(OutboxStatus::Pending))
         .filter(outbox::Column::Attempts.gt(0))
 }
 
