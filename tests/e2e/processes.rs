@@ -1469,20 +1469,11 @@ async fn hosts_whose_clocks_run_behind_hurry_no_row() {
     );
     stack.wait_until_all_linked(1).await;
 
-    stack.kill_users();
-    stack.create_students(1..2).await;
-    let retried = eventually("the row to be retried", LINK_DEADLINE, || async {
-        let row = stack.outbox_rows().await.remove(1);
-        (row.status == OutboxStatus::Pending && row.attempts >= 1).then_some(row)
-    })
-    .await;
-    let due_in = retried.available_at - retried.created_at;
+    let due_in = a_retry_while_users_is_down(&mut stack, 1, 2).await;
     assert!(
         due_in > chrono::TimeDelta::zero() && due_in < chrono::TimeDelta::minutes(1),
         "due {due_in} after the row was created"
     );
-    stack.restart_users(None).await;
-    stack.wait_until_all_linked(2).await;
 }
 
 /// PostgreSQL only: on SQLite every process shares one machine and one clock.
@@ -1536,17 +1527,29 @@ async fn hosts_whose_clocks_run_ahead_delay_no_row() {
     // as Users is back.
     stack.kill_relays();
     stack.start_relay(Some(an_hour_ahead), &[]);
+    // (`created_at` is the student-svc's clock here, an hour ahead too.)
+    let due_in = a_retry_while_users_is_down(&mut stack, 2, 2).await;
+    assert!(due_in < chrono::TimeDelta::minutes(1), "due in {due_in}");
+}
+
+/// With Users down, student `n` is created and its row retried by the running relay; once
+/// Users is back, `linked` students are linked. Returns how long after the row's
+/// `created_at` the retry was due.
+async fn a_retry_while_users_is_down(
+    stack: &mut Stack,
+    n: usize,
+    linked: u64,
+) -> chrono::TimeDelta {
     stack.kill_users();
-    stack.create_students(2..3).await;
+    stack.create_students(n..n + 1).await;
     let retried = eventually("the row to be retried", LINK_DEADLINE, || async {
-        let row = stack.outbox_rows().await.remove(2);
+        let row = stack.outbox_rows().await.remove(n);
         (row.status == OutboxStatus::Pending && row.attempts >= 1).then_some(row)
     })
     .await;
-    let due_in = retried.available_at - retried.created_at;
-    assert!(due_in < chrono::TimeDelta::minutes(1), "due in {due_in}");
     stack.restart_users(None).await;
-    stack.wait_until_all_linked(2).await;
+    stack.wait_until_all_linked(linked).await;
+    retried.available_at - retried.created_at
 }
 
 /// The same fault for both flows: Users commits the user, then dies before answering, and
