@@ -72,14 +72,7 @@ async fn rows_sent_together_are_each_judged_under_their_own_trace(backend: Backe
     stack.kill_relays();
     let mut journeys = Vec::new();
     for n in 0..2 {
-        let trace_id = new_trace_id();
-        let student = stack
-            .student_client()
-            .create_student(with_trace(student_request(n), &trace_id))
-            .await
-            .expect("created")
-            .into_inner()
-            .id;
+        let (trace_id, student) = create_traced(&stack.student_client(), n).await;
         journeys.push((student, trace_id));
     }
     stack.start_relay_sending_together();
@@ -172,15 +165,7 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
     let client = student_client(serving(&mut student).await);
     let mut traces = Vec::new();
     for n in 0..3 {
-        let trace_id = new_trace_id();
-        let id = client
-            .clone()
-            .create_student(with_trace(student_request(n), &trace_id))
-            .await
-            .expect("created")
-            .into_inner()
-            .id;
-        traces.push((trace_id, id));
+        traces.push(create_traced(&client, n).await);
     }
     let mut relay = start_exporting(
         &dbs,
@@ -322,11 +307,7 @@ async fn the_direct_flows_call_to_users_is_a_span_of_the_callers_trace(backend: 
         "student-svc",
         &["--link-mode", "direct", "--users-url", &users_url],
     );
-    let trace_id = new_trace_id();
-    student_client(serving(&mut student).await)
-        .create_student(with_trace(student_request(0), &trace_id))
-        .await
-        .expect("created");
+    let (trace_id, _) = create_traced(&student_client(serving(&mut student).await), 0).await;
     for process in [&mut student, &mut users] {
         stop(process);
     }
@@ -391,14 +372,7 @@ async fn a_span_is_an_error_only_when_its_hop_failed(backend: Backend) {
         .await
         .expect_err("refused");
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
-    let journey_trace = new_trace_id();
-    let id = client
-        .clone()
-        .create_student(with_trace(student_request(2), &journey_trace))
-        .await
-        .expect("created")
-        .into_inner()
-        .id;
+    let (journey_trace, id) = create_traced(&client, 2).await;
     let mut relay = start_exporting(&dbs, &collector, "relay", &["--users-url", &nobody, "run"]);
     let student_db = platform::db::connect(&dbs.student_url)
         .await
@@ -497,14 +471,8 @@ async fn a_row_handed_back_unsent_has_no_delivery_span(backend: Backend) {
     for (rows_per_call, students) in [("1", 0..1), ("16", 1..3)] {
         let mut ids = Vec::new();
         for n in students {
-            let trace_id = new_trace_id();
-            let created = client
-                .clone()
-                .create_student(with_trace(student_request(n), &trace_id))
-                .await
-                .expect("created")
-                .into_inner();
-            ids.push(created.id);
+            let (trace_id, id) = create_traced(&client, n).await;
+            ids.push(id);
             traces.push(trace_id);
         }
         let mut relay = start_exporting_with(
@@ -565,11 +533,7 @@ async fn a_row_failed_without_a_call_keeps_its_delivery_span(backend: Backend) {
     let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
     let users_url = format!("http://{}", serving(&mut users).await);
     let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
-    let trace_id = new_trace_id();
-    student_client(serving(&mut student).await)
-        .create_student(with_trace(student_request(0), &trace_id))
-        .await
-        .expect("created");
+    let (trace_id, _) = create_traced(&student_client(serving(&mut student).await), 0).await;
     let student_db = platform::db::connect(&dbs.student_url)
         .await
         .expect("Student DB");
@@ -634,16 +598,7 @@ async fn rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_deliv
     .await;
     let mut journeys = Vec::new();
     for n in 0..2 {
-        let trace_id = new_trace_id();
-        let id = app
-            .student
-            .clone()
-            .create_student(with_trace(student_request(n), &trace_id))
-            .await
-            .expect("created")
-            .into_inner()
-            .id;
-        journeys.push((trace_id, id));
+        journeys.push(create_traced(&app.student, n).await);
     }
     let mut relay = start_exporting(
         &app.databases,
@@ -704,13 +659,7 @@ async fn items_of_a_call_whose_transaction_failed_are_each_a_failed_span(backend
     let client = student_client(serving(&mut student).await);
     let mut traces = Vec::new();
     for n in 0..2 {
-        let trace_id = new_trace_id();
-        client
-            .clone()
-            .create_student(with_trace(student_request(n), &trace_id))
-            .await
-            .expect("created");
-        traces.push(trace_id);
+        traces.push(create_traced(&client, n).await.0);
     }
     let mut relay = start_exporting(
         &dbs,
@@ -803,11 +752,7 @@ async fn retry_failed_asks_users_about_a_rows_key_in_the_rows_trace(backend: Bac
         .await
         .expect("somebody else holds student 0's document number");
     let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
-    let trace_id = new_trace_id();
-    student_client(serving(&mut student).await)
-        .create_student(with_trace(student_request(0), &trace_id))
-        .await
-        .expect("created");
+    let (trace_id, _) = create_traced(&student_client(serving(&mut student).await), 0).await;
     let mut relay = start_exporting(
         &dbs,
         &collector,
@@ -1589,6 +1534,23 @@ async fn wait_until_linked<'a>(
     }
 }
 
+/// Creates the student of [`student_request`]`(n)` under a trace of its own, as a sampled
+/// caller's; its trace id and the student's id.
+async fn create_traced(
+    client: &StudentServiceClient<tonic::transport::Channel>,
+    n: usize,
+) -> (String, String) {
+    let trace_id = new_trace_id();
+    let id = client
+        .clone()
+        .create_student(with_trace(student_request(n), &trace_id))
+        .await
+        .expect("created")
+        .into_inner()
+        .id;
+    (trace_id, id)
+}
+
 fn student_client(addr: std::net::SocketAddr) -> StudentServiceClient<tonic::transport::Channel> {
     StudentServiceClient::new(plaintext_channel(addr))
 }
@@ -1716,14 +1678,7 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
         .await;
     // Users is down when the student is created, so the journey includes a retry.
     stack.kill_users();
-    let trace_id = new_trace_id();
-    let id = stack
-        .student_client()
-        .create_student(with_trace(student_request(0), &trace_id))
-        .await
-        .expect("created")
-        .into_inner()
-        .id;
+    let (trace_id, id) = create_traced(&stack.student_client(), 0).await;
     eventually(
         "the relay retries under the trace",
         LINK_DEADLINE,
