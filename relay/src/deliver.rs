@@ -21,6 +21,7 @@ use student_store::{
     outbox::{self, Delivered, Problem, RecordError},
     students,
 };
+use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::Instrument as _;
 use uuid::Uuid;
@@ -72,6 +73,9 @@ pub struct Relay {
     /// Set once Users turned out not to serve CreateUsers (an older Users): every row is
     /// then sent in a call of its own (see `deliver_many.rs`).
     pub(crate) one_row_per_call: Arc<AtomicBool>,
+    /// Cancelled when [`Relay::run`] is told to stop: a call Users shed is then not sent
+    /// again, and its row goes back (see [`Relay::call_until_answered`]).
+    pub(crate) stopping: CancellationToken,
 }
 
 impl Relay {
@@ -85,6 +89,7 @@ impl Relay {
             finalizer: None,
             budget: Arc::new(CallBudget::new(usize::from(config.concurrency))),
             one_row_per_call: Arc::new(AtomicBool::new(false)),
+            stopping: CancellationToken::new(),
             config,
         }
     }
@@ -346,7 +351,7 @@ impl Relay {
     /// relay send fewer calls at once and is sent again after the wait Users asked for
     /// (jittered, so shed calls do not come back together), as long as the lease still
     /// covers it: a shed costs one refused call, not a write. A shed answer that the lease
-    /// cannot cover is returned as is.
+    /// cannot cover, or that comes once the relay is stopping, is returned as is.
     pub(crate) async fn call_until_answered<T, F, Fut>(
         &self,
         lease_ends: Instant,
@@ -376,7 +381,13 @@ impl Relay {
                 return Err(status);
             }
             tracing::debug!(retry_in = ?wait, "call shed by Users; sending it again");
-            tokio::time::sleep(wait).await;
+            // A stopping relay (told before or during the wait) sends nothing again, or its
+            // stop would wait up to a lease, not one call, for a Users that keeps shedding:
+            // the row goes back now, its attempt handed back, for a relay that is not stopping.
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.stopping.cancelled() => return Err(status),
+            }
         }
     }
 
@@ -457,7 +468,7 @@ impl Relay {
         problem: &Problem,
     ) -> anyhow::Result<Delivery> {
         let delay = platform::status::retry_after(status).unwrap_or(self.config.backoff_base);
-        tracing::info!(outbox_id = row.id, retry_in = ?delay, "call shed by Users and the lease leaves no time to send it again; the row goes back with its attempt");
+        tracing::info!(outbox_id = row.id, retry_in = ?delay, "call shed by Users and not sent again (too little lease left, or the relay is stopping); the row goes back with its attempt");
         if outbox::record_shed(&self.db, row, &self.id, problem, delay).await? {
             Ok(Delivery::Shed)
         } else {

@@ -63,14 +63,15 @@ impl InFlight {
 
 impl Relay {
     /// Delivers rows until `shutdown` is cancelled (the rows of a claim it interrupts go
-    /// back unsent), then lets the calls in flight finish (each within its deadline) and
-    /// records them. Errors of the database make the loop back off, growing, so they never
+    /// back unsent), then lets the calls in flight finish (each within its deadline; a call
+    /// Users sheds is not sent again, its row goes back) and records them. Errors of the database make the loop back off, growing, so they never
     /// spin.
     pub async fn run(&self, wakeup: Wakeup, shutdown: CancellationToken) {
         // Deliveries record their rows through one group-committing finalizer; each waits
         // for its record, so once the loop has drained nothing is left to record.
         let this = Relay {
             finalizer: Some(Finalizer::start(self.db.clone(), self.id.clone())),
+            stopping: shutdown.clone(),
             ..self.clone()
         };
         this.deliver_until(wakeup, shutdown).await;

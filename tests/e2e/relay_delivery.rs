@@ -51,6 +51,7 @@ on_both_backends!(
     a_users_without_create_users_gets_one_call_per_row,
     a_call_refused_whole_as_invalid_sends_its_rows_one_call_each,
     a_shed_call_is_sent_again_after_the_wait_users_asks_for,
+    a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back,
     a_lone_create_user_row_beside_a_change_goes_as_create_user,
     rows_too_large_for_one_call_go_one_call_each,
 );
@@ -1049,6 +1050,68 @@ async fn a_shed_call_is_sent_again_after_the_wait_users_asks_for(backend: Backen
     // A shed call costs no attempt.
     assert_linked_at_first_attempt(&statuses(&app).await);
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+}
+
+/// README (Shutdown): a stopping relay lets its calls finish but sends no shed call again.
+/// Users sheds every call, asking for 1 s; once the row's call has been sent twice (the
+/// relay now waits 1–2 s to send it again) the relay is told to stop, and it stops without
+/// sending it again, the row back `pending` with its attempt handed back. Sent again until
+/// its lease ran short (20 s less a 2 s call), it would go to Users some ten times more and
+/// hold the stop for most of the lease.
+async fn a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let users = scripted_users(
+        &app,
+        Script {
+            shed_every_create_user: Some(Duration::from_secs(1)),
+            ..Script::default()
+        },
+    )
+    .await;
+    create_students(&app, 1).await;
+    let relay = app.relay_with(
+        &users.url,
+        relay::RunConfig {
+            lease: Duration::from_secs(20),
+            ..crate::support::app::test_tuning()
+        },
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            relay
+                .run(relay::wakeup::Wakeup::poll_only(), shutdown)
+                .await
+        }
+    });
+    let calls = || users.create_user_calls.lock().expect("calls").len();
+    crate::support::eventually(
+        "the shed call sent again",
+        Duration::from_secs(20),
+        || async { (calls() >= 2).then_some(()) },
+    )
+    .await;
+    let when_told = calls();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the relay stops")
+        .expect("relay task");
+    assert_eq!(
+        calls(),
+        when_told,
+        "no call sent after the relay was told to stop"
+    );
+    let row = statuses(&app).await.remove(0);
+    assert_eq!(
+        (row.status, row.attempts, row.locked_by),
+        (OutboxStatus::Pending, 0, None),
+        "back, its attempt handed back"
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
 }
 
 /// README: "A lone row, and every change row, goes in a call of its own": a claim of one

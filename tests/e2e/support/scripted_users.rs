@@ -21,13 +21,15 @@ use super::TestApp;
 
 /// What the real Users is made to do: CreateUsers refused whole with a code (an older
 /// Users answers UNIMPLEMENTED, as tonic answers an unknown method), the first CreateUser
-/// shed with a `RetryInfo` wait, or each CreateUser held until the test lets one through.
+/// (or every one) shed with a `RetryInfo` wait, or each CreateUser held until the test lets one through.
 /// [`ScriptedUsersRunning`] counts CreateUsers calls and notes when each CreateUser call
 /// arrived.
 #[derive(Default)]
 pub struct Script {
     pub refuse_create_users: Option<Code>,
     pub shed_first_create_user: Option<Duration>,
+    /// Every CreateUser call shed with this `RetryInfo` wait: a Users that stays overloaded.
+    pub shed_every_create_user: Option<Duration>,
     /// Each CreateUser call takes a permit (for good) before it is answered: with none
     /// free it waits, so the test answers calls one permit at a time.
     pub create_user_gate: Option<Arc<Semaphore>>,
@@ -59,8 +61,12 @@ impl UsersService for ScriptedUsers {
         if let Some(gate) = &self.script.create_user_gate {
             gate.acquire().await.expect("the gate stays open").forget();
         }
-        match self.script.shed_first_create_user {
-            Some(wait) if first => Err(platform::status::overloaded(wait)),
+        match (
+            self.script.shed_first_create_user,
+            self.script.shed_every_create_user,
+        ) {
+            (Some(wait), _) if first => Err(platform::status::overloaded(wait)),
+            (_, Some(wait)) => Err(platform::status::overloaded(wait)),
             _ => self.real.create_user(request).await,
         }
     }
