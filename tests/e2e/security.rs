@@ -16,7 +16,7 @@ use relay::{
     users_client::{UsersClient, UsersConnection},
 };
 use sea_orm::EntityTrait;
-use student_store::entity::outbox::{self, OutboxStatus};
+use student_store::entity::outbox::{self, FailureKind, OutboxStatus};
 use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -48,6 +48,7 @@ on_both_backends!(
     calls_without_the_token_are_unauthenticated_while_health_and_reflection_stay_open,
     the_binaries_take_tls_and_the_token_from_their_environment,
     a_token_rotation_under_a_pending_backlog_fails_no_row,
+    a_relay_on_a_refused_token_retries_then_exhausts_and_retry_failed_links_once_fixed,
     no_email_or_document_number_reaches_any_log,
 );
 
@@ -64,12 +65,20 @@ async fn secured_app(backend: Backend) -> Option<(TestApp, TestPki)> {
 }
 
 fn relay_over(app: &TestApp, ca_pem: &str, token: Option<&str>) -> Relay {
+    relay_over_with(app, ca_pem, token, test_tuning())
+}
+
+fn relay_over_with(
+    app: &TestApp,
+    ca_pem: &str,
+    token: Option<&str>,
+    config: relay::RunConfig,
+) -> Relay {
     let connection = UsersConnection {
         url: format!("https://{}", app.users_addr),
         ca_pem: Some(ca_pem.as_bytes().to_vec()),
         auth_token: token.map(str::to_owned),
     };
-    let config = test_tuning();
     let users = UsersClient::connect(&connection, config.call_timeout).expect("users client");
     Relay::new(app.student_db.clone(), users, config)
 }
@@ -168,7 +177,7 @@ async fn a_relay_that_does_not_trust_the_ca_keeps_the_row_pending(backend: Backe
 /// roots for an `https://` Users. Two relay processes, neither given `USERS_TLS_CA`, each
 /// given its system roots by `SSL_CERT_FILE` (which the system-roots loader reads, so the
 /// test does not depend on the machine's bundle): the first, whose roots are another CA,
-/// cannot verify Users and keeps the row pending (retried, never failed); the second,
+/// cannot verify Users and keeps the row pending (retried: an attempt used); the second,
 /// whose roots are the test CA, delivers it.
 async fn a_relay_named_no_ca_file_trusts_the_systems_roots(backend: Backend) {
     let Some((app, pki)) = secured_app(backend).await else {
@@ -219,6 +228,79 @@ async fn a_relay_named_no_ca_file_trusts_the_systems_roots(backend: Backend) {
         (only_row(&app).await.status == OutboxStatus::Done).then_some(())
     })
     .await;
+    assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+}
+
+/// README ("Rotating the token"): a relay left on a refused token retries its row, each try
+/// an attempt, and past `--max-attempts` the row fails as `exhausted`, never `rejected`
+/// (which would keep its key from a plain redrive). `retry-failed --all` requeues it with
+/// its key, and the relay with the right token links it.
+async fn a_relay_on_a_refused_token_retries_then_exhausts_and_retry_failed_links_once_fixed(
+    backend: Backend,
+) {
+    let Some((app, pki)) = secured_app(backend).await else {
+        return;
+    };
+    app.student
+        .clone()
+        .create_student(student_request(1))
+        .await
+        .expect("created");
+    let refused = relay_over_with(
+        &app,
+        &pki.ca_pem,
+        Some("wrong-token-0123456789"),
+        relay::RunConfig {
+            max_attempts: 3,
+            backoff_max: Duration::from_millis(1),
+            ..test_tuning()
+        },
+    );
+    let failed = eventually("three attempts used up", LINK_DEADLINE, || async {
+        refused.deliver_batch().await.expect("batch");
+        let row = only_row(&app).await;
+        (row.status == OutboxStatus::Failed).then_some(row)
+    })
+    .await;
+    assert_eq!(
+        (
+            failed.attempts,
+            failed.failure_kind,
+            failed.error_code.as_deref()
+        ),
+        (3, Some(FailureKind::Exhausted), Some("UNAUTHENTICATED"))
+    );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+
+    let fixed = relay_over(&app, &pki.ca_pem, Some(TOKEN));
+    let mut out = Vec::new();
+    let summary = relay::retry_failed::retry_failed(
+        &app.student_db,
+        &fixed.users,
+        relay::retry_failed::Selection::All,
+        relay::retry_failed::Keys::Keep,
+        &mut out,
+    )
+    .await
+    .expect("retry-failed");
+    assert_eq!(
+        (summary.exit_code(), String::from_utf8(out).expect("utf-8")),
+        (
+            0,
+            format!(
+                "id={} key={} requeued\nrequeued=1 linked=0 skipped=0 errors=0\n",
+                failed.id, failed.idempotency_key
+            )
+        )
+    );
+    let outcome = fixed.deliver_batch().await.expect("batch");
+    assert_eq!((outcome.claimed, outcome.delivered), (1, 1), "{outcome:?}");
+    let row = only_row(&app).await;
+    assert_eq!(
+        (row.status, row.idempotency_key),
+        (OutboxStatus::Done, failed.idempotency_key),
+        "linked under its own key"
+    );
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
 }
 
