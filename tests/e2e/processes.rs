@@ -35,6 +35,7 @@ on_both_backends!(
     sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
     sigterm_during_a_claim_hands_its_rows_back_unsent,
     one_shot_commands_on_a_database_with_no_schema_say_which_service_to_start,
+    a_relay_tuned_so_it_could_not_keep_its_leases_refuses_to_start,
     inbox_purge_deletes_keys_past_the_retention_now_and_keeps_the_users,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
     two_replicas_migrating_one_empty_database_at_once_both_serve,
@@ -912,6 +913,64 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
             .try_get("", "n")
             .expect("n");
         assert_eq!(n, 0, "{url}: nothing was migrated");
+    }
+}
+
+/// README ("Configuration", `--lease`; "How the relay claims"): `relay run`, and a bare
+/// `relay` from its `RELAY_*` variables, refuse at start a tuning under which a call could
+/// outlast its row's lease (every claimed row would be handed back unsent, forever) or the
+/// backoff could not grow: exit 2 naming the rule. The Student DB is ready, so a relay that
+/// skipped the check would start and run instead (the deadline below).
+async fn a_relay_tuned_so_it_could_not_keep_its_leases_refuses_to_start(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    migrations::open::<migrations::student::Migrator>(&dbs.student_url, 1)
+        .await
+        .expect("the Student DB migrated");
+    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+        (
+            &["run", "--call-timeout", "12s"],
+            &[],
+            "--lease (15s) must be at least --call-timeout (12s) plus 6s",
+        ),
+        (
+            &["run", "--lease", "1s", "--call-timeout", "1s"],
+            &[],
+            "--lease (1s) must be at least --call-timeout (1s) plus 500ms",
+        ),
+        (
+            &[],
+            &[("RELAY_LEASE", "1s"), ("RELAY_CALL_TIMEOUT", "1s")],
+            "--lease (1s) must be at least --call-timeout (1s) plus 500ms",
+        ),
+        (
+            &[],
+            &[("RELAY_BACKOFF_BASE", "31s")],
+            "--backoff-base (31s) must not exceed --backoff-max (30s)",
+        ),
+    ];
+    for (args, env, rule) in cases {
+        let relay = tokio::process::Command::new(binaries().join("relay"))
+            .env_clear()
+            .env("STUDENT_DATABASE_URL", &dbs.student_url)
+            .envs(env.iter().copied())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("relay");
+        let output = tokio::time::timeout(Duration::from_secs(20), relay.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} {env:?}: the relay started instead of refusing"))
+            .expect("wait");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("error: {rule}")),
+            "{args:?} {env:?}: {stderr}"
+        );
     }
 }
 
