@@ -45,6 +45,7 @@ on_both_backends!(
     undecodable_rows_fail_on_their_own_and_hold_back_no_one,
     a_redelivery_after_a_lost_answer_is_answered_from_the_inbox,
     users_down_keeps_rows_pending_with_backoff,
+    retry_delays_double_up_to_the_cap_spread_by_jitter,
     a_rejection_fails_the_row_and_shows_on_the_student,
     replay_answers_from_the_inbox_and_creates_nothing,
     status_counts_rows_per_status,
@@ -696,6 +697,77 @@ async fn a_redelivery_after_a_lost_answer_is_answered_from_the_inbox(backend: Ba
         lost,
         "the student is linked to the user created first"
     );
+}
+
+/// README ("Retry"): a transient failure puts the row back after capped exponential backoff
+/// with full jitter. Users stays down; 64 rows fail together five times (base 200 ms, cap
+/// 1.6 s). After attempt k each row's delay lies in [0, min(1.6 s, 200 ms · 2^(k-1))], and
+/// over 64 rows the delays reach past half that ceiling and spread over half of it (each
+/// false for a correct relay with odds 2^-64): a delay that did not grow with the attempts,
+/// passed the cap, or came without jitter (all rows back together) fails it.
+async fn retry_delays_double_up_to_the_cap_spread_by_jitter(backend: Backend) {
+    const ROWS: usize = 64;
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, ROWS).await;
+    let (_refusing, closed) = crate::support::refusing_addr();
+    let relay = app.relay_with(
+        &format!("http://{closed}"),
+        relay::RunConfig {
+            batch_size: 64,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_millis(1_600),
+            max_attempts: 10,
+            ..crate::support::app::test_tuning()
+        },
+    );
+    for (attempt, ceiling_ms) in (1..).zip([200i64, 400, 800, 1_600, 1_600]) {
+        // Every row is due again (the relay's clock and PostgreSQL's are this host's).
+        let due = statuses(&app)
+            .await
+            .iter()
+            .map(|row| row.available_at)
+            .max()
+            .expect("rows");
+        crate::support::eventually("every row due", Duration::from_secs(10), || async {
+            (platform::db::now() > due + Duration::from_millis(20)).then_some(())
+        })
+        .await;
+        let before = platform::db::now();
+        let outcome = relay.deliver_batch().await.expect("batch");
+        let after = platform::db::now();
+        assert_eq!(
+            (outcome.claimed, outcome.retried),
+            (ROWS, ROWS),
+            "{outcome:?}"
+        );
+        let rows = statuses(&app).await;
+        assert!(rows.iter().all(|row| row.attempts == attempt), "{rows:?}");
+        // Each delay was set between `before` and `after`: `available_at - after` is at
+        // most the delay, `available_at - before` at least.
+        let since = |at: chrono::DateTime<chrono::Utc>| {
+            rows.iter()
+                .map(|row| (row.available_at - at).num_milliseconds())
+                .collect::<Vec<_>>()
+        };
+        let (least, most) = (since(after), since(before));
+        let longest_least = least.iter().max().copied().unwrap_or_default();
+        assert!(
+            longest_least <= ceiling_ms + 5,
+            "attempt {attempt}: a delay of {longest_least} ms past the ceiling {ceiling_ms} ms"
+        );
+        let longest_most = most.iter().max().copied().unwrap_or_default();
+        assert!(
+            longest_most >= ceiling_ms / 2,
+            "attempt {attempt}: no delay reached half the ceiling {ceiling_ms} ms: {most:?}"
+        );
+        let spread = longest_least - least.iter().min().copied().unwrap_or_default();
+        assert!(
+            spread >= ceiling_ms / 2,
+            "attempt {attempt}: the delays spread over {spread} ms only, not jittered"
+        );
+    }
 }
 
 async fn users_down_keeps_rows_pending_with_backoff(backend: Backend) {
