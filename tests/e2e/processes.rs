@@ -928,7 +928,13 @@ async fn a_relay_tuned_so_it_could_not_keep_its_leases_refuses_to_start(backend:
     migrations::open::<migrations::student::Migrator>(&dbs.student_url, 1)
         .await
         .expect("the Student DB migrated");
-    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+    // (arguments, environment, the rule the refusal names)
+    type Case = (
+        &'static [&'static str],
+        &'static [(&'static str, &'static str)],
+        &'static str,
+    );
+    let cases: [Case; 4] = [
         (
             &["run", "--call-timeout", "12s"],
             &[],
