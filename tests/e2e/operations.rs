@@ -167,7 +167,8 @@ async fn restoring_the_users_db_by_the_day_two_routine_gives_each_student_its_us
 /// linked one; the linked user belongs to another student in Users; the create-user row
 /// that would create the user again was purged. And the resend's own transaction refuses
 /// (`Changed`) when the student's link, its recorded version or its delivered rows are no
-/// longer what it was judged on, as when the student changed while it was judged.
+/// longer what it was judged on, as when the student changed while it was judged. A Users
+/// that does not answer is no verdict: exit 2, naming it, for one student and for all.
 async fn resend_refuses_what_would_make_a_second_user_and_changes_nothing(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
@@ -287,6 +288,26 @@ async fn resend_refuses_what_would_make_a_second_user_and_changes_nothing(backen
             student_store::resend::Resent::Changed,
             "{judged_on:?} {ids:?}"
         );
+    }
+
+    // Users not answering: no verdict, an error (exit 2), for one student and for all.
+    stack.kill_users();
+    let cannot_ask = format!("error: cannot ask Users for student {}'s users: ", ids[0]);
+    for args in [
+        &["resend", "--student", ids[0].as_str()][..],
+        &["resend", "--all"],
+    ] {
+        let output = stack.relay_command(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            (
+                output.status.code(),
+                String::from_utf8_lossy(&output.stdout)
+            ),
+            (Some(2), "".into()),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(&cannot_ask), "{args:?}: {stderr}");
     }
 
     // Nothing changed: every student linked as before, at version 1, every row as it was.
