@@ -16,7 +16,7 @@ use platform::{
 };
 use sea_orm::DatabaseConnection;
 use student_store::{
-    effect::{CREATE_USER, Effect},
+    effect::{Effect, Operation},
     entity::outbox::{self as outbox_row, FailureKind},
     outbox::{self, Delivered, Problem, RecordError},
     students,
@@ -232,10 +232,13 @@ impl Relay {
     /// behind its create-user row, so it is linked by now), never whichever user Users
     /// finds for the student. `None` for a create-user row.
     async fn user_to_change(&self, row: &outbox_row::Model) -> anyhow::Result<Option<Uuid>> {
-        if row.effect_type == CREATE_USER {
-            return Ok(None);
+        match row.operation() {
+            Some(Operation::CreatesTheUser) => Ok(None),
+            // (A row of an unknown effect fails before any call; reading is harmless.)
+            Some(Operation::ChangesTheLinkedUser) | None => {
+                Ok(students::linked_user(&self.db, row.aggregate_id).await?)
+            }
         }
-        Ok(students::linked_user(&self.db, row.aggregate_id).await?)
     }
 
     async fn deliver(

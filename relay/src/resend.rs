@@ -15,7 +15,7 @@ use std::io::Write;
 use sea_orm::DatabaseConnection;
 use student_store::{
     audit::state_now,
-    effect::CREATE_USER,
+    effect::Operation,
     entity::outbox::{self as outbox_row, OutboxStatus},
     outbox::rows_of_student,
     resend::{self, Lost, Resent},
@@ -254,12 +254,18 @@ async fn rows_to_send(
         .filter(|row| row.status == OutboxStatus::Done)
         .filter(|row| match lost {
             Lost::User => true,
-            Lost::ChangesAfter(version) => {
-                row.effect_type != CREATE_USER && row.aggregate_version > version
-            }
+            // The changes of the versions Users lost; its user is still there.
+            Lost::ChangesAfter(version) => match row.operation() {
+                Some(Operation::CreatesTheUser) => false,
+                Some(Operation::ChangesTheLinkedUser) | None => row.aggregate_version > version,
+            },
         })
         .collect();
-    if lost == Lost::User && !rows.iter().any(|row| row.effect_type == CREATE_USER) {
+    if lost == Lost::User
+        && !rows
+            .iter()
+            .any(|row| row.operation() == Some(Operation::CreatesTheUser))
+    {
         return Ok(Err(
             "no delivered create-user row is left (purged) to create the user again".to_owned(),
         ));

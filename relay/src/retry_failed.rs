@@ -31,7 +31,7 @@ use std::io::Write;
 
 use sea_orm::DatabaseConnection;
 use student_store::{
-    effect::{CREATE_USER, Effect},
+    effect::{Effect, Operation},
     entity::outbox::{self as outbox_row, FailureKind},
     outbox::{self, Delivered, RecordError},
     students,
@@ -191,14 +191,19 @@ async fn with_a_new_key_where_safe(
                 link(db, row, delivered, found, out, summary).await
             }
         },
-        // Nothing about this key tells whether the student has a user: Users' list does.
-        Ok(OldKey::NothingKnown) if row.effect_type == CREATE_USER => {
-            by_students_users(db, users, row, out, summary).await
-        }
-        // A change may take a new key whatever became of the old one: Users applies each
-        // student version at most once, so a version it applied already is answered
-        // `applied=false` and the row recorded synced.
-        Ok(OldKey::NothingKnown) => rekey(db, row, None, out, summary).await,
+        Ok(OldKey::NothingKnown) => match row.operation() {
+            // Nothing about this key tells whether the student has a user: Users' list does.
+            Some(Operation::CreatesTheUser) => {
+                by_students_users(db, users, row, out, summary).await
+            }
+            // A change may take a new key whatever became of the old one: Users applies each
+            // student version at most once, so a version it applied already is answered
+            // `applied=false` and the row recorded synced. (A row of an unknown effect fails
+            // again as such, whatever its key.)
+            Some(Operation::ChangesTheLinkedUser) | None => {
+                rekey(db, row, None, out, summary).await
+            }
+        },
     }
 }
 
@@ -302,19 +307,10 @@ pub async fn link_user(
     };
     let line = row_line(&row);
     let student = row.aggregate_id.to_string();
-    let refusal = if row.effect_type != CREATE_USER {
-        Some("only a create-user row links a user; a change takes --new-key".to_owned())
-    } else if let Some(answered) = old_key_created_another(users, &row, user_id).await {
-        Some(answered)
-    } else {
-        match unless_shed(|| users.get_user(user_id)).await {
-            Err(status) => Some(cannot_ask(&format!("about user={user_id}"), &status)),
-            Ok(None) => Some(format!("Users has no user {user_id}")),
-            Ok(Some(user)) if user.student_id != student => Some(format!(
-                "user={user_id} belongs to student {}, not {student}",
-                user.student_id
-            )),
-            Ok(Some(_)) => None,
+    let refusal = match row.operation() {
+        Some(Operation::CreatesTheUser) => why_not_link(users, &row, user_id, &student).await,
+        Some(Operation::ChangesTheLinkedUser) | None => {
+            Some("only a create-user row links a user; a change takes --new-key".to_owned())
         }
     };
     if let Some(refusal) = refusal {
@@ -460,6 +456,29 @@ fn finish(summary: RetrySummary, out: &mut impl Write) -> anyhow::Result<RetrySu
     Ok(summary)
 }
 
+/// Why the operator's `user_id` must not be linked to the student of create-user `row`, if
+/// it must not: the row's old key created another user, or Users does not hold `user_id`
+/// as a user of this student (or cannot be asked).
+async fn why_not_link(
+    users: &UsersClient,
+    row: &outbox_row::Model,
+    user_id: Uuid,
+    student: &str,
+) -> Option<String> {
+    if let Some(answered) = old_key_created_another(users, row, user_id).await {
+        return Some(answered);
+    }
+    match unless_shed(|| users.get_user(user_id)).await {
+        Err(status) => Some(cannot_ask(&format!("about user={user_id}"), &status)),
+        Ok(None) => Some(format!("Users has no user {user_id}")),
+        Ok(Some(user)) if user.student_id != student => Some(format!(
+            "user={user_id} belongs to student {}, not {student}",
+            user.student_id
+        )),
+        Ok(Some(_)) => None,
+    }
+}
+
 /// What an operator must do with an expired row: Users no longer keeps the old key, so
 /// neither it nor this tool can tell from the key whether the effect took place. For a
 /// create-user row that matters (a new key would be a second operation), so `--new-key`
@@ -467,17 +486,16 @@ fn finish(summary: RetrySummary, out: &mut impl Write) -> anyhow::Result<RetrySu
 fn expired_advice(row: &outbox_row::Model) -> String {
     const UNKNOWABLE: &str =
         "expired; Users no longer keeps keys this old, so it cannot tell whether this one ran.";
-    if row.effect_type == CREATE_USER {
-        format!(
+    match row.operation() {
+        Some(Operation::CreatesTheUser) => format!(
             "{UNKNOWABLE} Use --new-key: it links the student's user if Users holds one, and \
              gives a new key if it holds none"
-        )
-    } else {
-        format!(
+        ),
+        Some(Operation::ChangesTheLinkedUser) | None => format!(
             "{UNKNOWABLE} Use --new-key: Users applies each student version at most once, so \
              a new key cannot apply version {} twice",
             row.aggregate_version
-        )
+        ),
     }
 }
 

@@ -13,7 +13,7 @@ use proto::users::v1::{
     users_service_client::UsersServiceClient,
 };
 use student_store::{
-    effect::{self, CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
+    effect::{CreateUserPayload, DisableUserPayload, Effect, EffectType, UpdateUserPayload},
     entity::outbox as outbox_row,
 };
 use tonic::{
@@ -75,11 +75,11 @@ pub fn row_trace(row: &outbox_row::Model) -> (TraceContext, tracing::Span) {
 /// The row's delivery as a span of its trace, exported when a collector is named: the
 /// parent of Users' span for the call, named after the method the row's effect calls.
 pub fn delivery_span(row: &outbox_row::Model, trace: TraceContext) -> ExportedSpan {
-    let method = match row.effect_type.as_str() {
-        effect::CREATE_USER => "CreateUser",
-        effect::UPDATE_USER => "UpdateUser",
-        effect::DISABLE_USER => "DisableUser",
-        _ => "unknown",
+    let method = match EffectType::parse(&row.effect_type) {
+        Some(EffectType::CreateUser) => "CreateUser",
+        Some(EffectType::UpdateUser) => "UpdateUser",
+        Some(EffectType::DisableUser) => "DisableUser",
+        None => "unknown",
     };
     let mut span = ExportedSpan::client(trace, "users.v1.UsersService", method);
     span.set("outbox.id", row.id);

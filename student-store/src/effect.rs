@@ -1,9 +1,11 @@
 //! The effects a Student transaction can decide on, and how each is stored in an outbox
 //! row: an `effect_type` and a JSON payload carrying its own format `version`.
 //!
-//! Adding an effect means: a variant here with its payload type, a Users RPC, and one arm
-//! in the relay's delivery. Every row decodes through [`Effect::decode`]; a row that does
-//! not (a type or payload version this code does not know) fails visibly, on its own.
+//! Adding an effect means: a variant here and in [`EffectType`], with its payload type and
+//! the [`Operation`] it is, a Users RPC, and one arm in the relay's delivery; the compiler
+//! points at each `match` that must learn it. Every row decodes through [`Effect::decode`];
+//! a row that does not (a type or payload version this code does not know) fails visibly,
+//! on its own.
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use uuid::Uuid;
@@ -14,6 +16,59 @@ pub const CREATE_USER: &str = "create-user";
 pub const UPDATE_USER: &str = "update-user";
 /// `effect_type` of the row that disables the user of a deactivated student.
 pub const DISABLE_USER: &str = "disable-user";
+
+/// The kinds of effect, as a row names them in `effect_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EffectType {
+    CreateUser,
+    UpdateUser,
+    DisableUser,
+}
+
+/// What an effect does to Users, which is what the tools that send rows again after
+/// something went wrong (`relay retry-failed --new-key`, `relay resend`) must know to do it
+/// safely. Every [`EffectType`] says which it is; an effect that is neither needs a variant
+/// here, and the compiler then points at each tool's `match` that must decide for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Creates the student's one user. Users knows a repeat only by its key: under a new
+    /// key, or resent after Users forgot the key, it would create a second user, so the
+    /// tools look for the student's user first.
+    CreatesTheUser,
+    /// Changes the user the student is linked to, to a student version. Users applies each
+    /// version at most once whatever the key, so a new key or a resend cannot apply it
+    /// twice; it goes to the linked user, so the student must be linked first.
+    ChangesTheLinkedUser,
+}
+
+impl EffectType {
+    /// The type a row names, if this code knows it.
+    pub fn parse(effect_type: &str) -> Option<Self> {
+        match effect_type {
+            CREATE_USER => Some(Self::CreateUser),
+            UPDATE_USER => Some(Self::UpdateUser),
+            DISABLE_USER => Some(Self::DisableUser),
+            _ => None,
+        }
+    }
+
+    /// The `effect_type` a row of this type is stored under.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CreateUser => CREATE_USER,
+            Self::UpdateUser => UPDATE_USER,
+            Self::DisableUser => DISABLE_USER,
+        }
+    }
+
+    /// What an effect of this type does to Users.
+    pub fn operation(self) -> Operation {
+        match self {
+            Self::CreateUser => Operation::CreatesTheUser,
+            Self::UpdateUser | Self::DisableUser => Operation::ChangesTheLinkedUser,
+        }
+    }
+}
 
 /// One effect on Users, decided by a Student transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,13 +101,18 @@ impl EffectError {
 }
 
 impl Effect {
+    /// This effect's type.
+    pub fn kind(&self) -> EffectType {
+        match self {
+            Self::CreateUser(_) => EffectType::CreateUser,
+            Self::UpdateUser(_) => EffectType::UpdateUser,
+            Self::DisableUser(_) => EffectType::DisableUser,
+        }
+    }
+
     /// The `effect_type` this effect is stored under.
     pub fn effect_type(&self) -> &'static str {
-        match self {
-            Self::CreateUser(_) => CREATE_USER,
-            Self::UpdateUser(_) => UPDATE_USER,
-            Self::DisableUser(_) => DISABLE_USER,
-        }
+        self.kind().as_str()
     }
 
     /// The payload as stored.
@@ -68,15 +128,16 @@ impl Effect {
 
     /// Decodes a stored row's effect, checking its payload format version.
     pub fn decode(effect_type: &str, payload: &serde_json::Value) -> Result<Self, EffectError> {
-        match effect_type {
-            CREATE_USER => Ok(Self::CreateUser(read(payload, CreateUserPayload::VERSION)?)),
-            UPDATE_USER => Ok(Self::UpdateUser(read(payload, UpdateUserPayload::VERSION)?)),
-            DISABLE_USER => Ok(Self::DisableUser(read(
-                payload,
-                DisableUserPayload::VERSION,
-            )?)),
-            other => Err(EffectError::UnknownEffect(other.to_owned())),
-        }
+        let Some(kind) = EffectType::parse(effect_type) else {
+            return Err(EffectError::UnknownEffect(effect_type.to_owned()));
+        };
+        Ok(match kind {
+            EffectType::CreateUser => Self::CreateUser(read(payload, CreateUserPayload::VERSION)?),
+            EffectType::UpdateUser => Self::UpdateUser(read(payload, UpdateUserPayload::VERSION)?),
+            EffectType::DisableUser => {
+                Self::DisableUser(read(payload, DisableUserPayload::VERSION)?)
+            }
+        })
     }
 }
 
@@ -190,6 +251,20 @@ mod tests {
                 Ok(effect)
             );
         }
+    }
+
+    /// The tools that send rows again treat only a creation as able to make a second user.
+    #[test]
+    fn each_type_reads_back_from_its_name_and_only_create_user_creates_the_user() {
+        for (kind, operation) in [
+            (EffectType::CreateUser, Operation::CreatesTheUser),
+            (EffectType::UpdateUser, Operation::ChangesTheLinkedUser),
+            (EffectType::DisableUser, Operation::ChangesTheLinkedUser),
+        ] {
+            assert_eq!(EffectType::parse(kind.as_str()), Some(kind));
+            assert_eq!(kind.operation(), operation, "{kind:?}");
+        }
+        assert_eq!(EffectType::parse("send-flowers"), None);
     }
 
     #[test]

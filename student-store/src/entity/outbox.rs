@@ -62,6 +62,13 @@ impl Model {
     pub fn key_issued_at(&self) -> DateTimeUtc {
         self.key_created_at.unwrap_or(self.created_at)
     }
+
+    /// What the row's effect does to Users; `None` for an effect type this code does not
+    /// know (such a row fails as `UNKNOWN_EFFECT` and is never delivered).
+    pub fn operation(&self) -> Option<crate::effect::Operation> {
+        crate::effect::EffectType::parse(&self.effect_type)
+            .map(crate::effect::EffectType::operation)
+    }
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
