@@ -157,6 +157,20 @@ impl Relay {
             outbox_id = row.id,
             "lease too short to send before it ends; releasing the row"
         );
+        Self::handed_back(row)
+    }
+
+    /// `row` not sent (again) because the relay is stopping: answered unsent, so that it
+    /// goes back to `pending` at once, for a relay that is not stopping.
+    pub(crate) fn unsent_while_stopping(row: &outbox_row::Model) -> (Delivery, i64) {
+        tracing::info!(
+            outbox_id = row.id,
+            "relay stopping; releasing the row unsent"
+        );
+        Self::handed_back(row)
+    }
+
+    fn handed_back(row: &outbox_row::Model) -> (Delivery, i64) {
         metrics::delivery(&row.effect_type, Outcome::Released);
         (Delivery::Unsent(outbox::Claim::from(row)), row.id)
     }
@@ -388,8 +402,9 @@ impl Relay {
             // stop would wait up to a lease, not one call, for a Users that keeps shedding:
             // the row goes back now, its attempt handed back, for a relay that is not stopping.
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                biased;
                 () = self.stopping.cancelled() => return Err(status),
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -462,7 +477,7 @@ impl Relay {
     }
 
     /// Users shed the call (over its `--max-concurrent-requests`) and the lease left no
-    /// time to send it again: Users judged nothing, so the row goes back with its attempt
+    /// time to send it again, or the relay is stopping: Users judged nothing, so the row goes back with its attempt
     /// handed back, due after the wait Users asked for.
     async fn record_shed(
         &self,

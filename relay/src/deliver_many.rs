@@ -116,7 +116,15 @@ impl Relay {
                 for span in spans {
                     span.fail(status.message());
                 }
-                let rows = creations.into_iter().map(|(row, _)| row).collect();
+                let rows: Vec<_> = creations.into_iter().map(|(row, _)| row).collect();
+                // A stopping relay starts no new call (its stop would wait for them): the
+                // rows go back unsent, and Users ran none of them.
+                if self.stopping.is_cancelled() {
+                    return rows
+                        .iter()
+                        .map(|row| Ok(Relay::unsent_while_stopping(row)))
+                        .collect();
+                }
                 return self.send_each(rows, lease_ends).await;
             }
             Err(status) => vec![Err(status); creations.len()],

@@ -53,6 +53,7 @@ on_both_backends!(
     a_call_refused_whole_as_invalid_sends_its_rows_one_call_each,
     a_shed_call_is_sent_again_after_the_wait_users_asks_for,
     a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back,
+    a_stopping_relay_whose_create_users_call_is_refused_whole_starts_no_call_for_its_rows,
     a_lone_create_user_row_beside_a_change_goes_as_create_user,
     rows_too_large_for_one_call_go_one_call_each,
 );
@@ -1183,6 +1184,64 @@ async fn a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back(backen
         (OutboxStatus::Pending, 0, None),
         "back, its attempt handed back"
     );
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+}
+
+/// README (Shutdown): a CreateUsers call refused as a whole is sent again one call per row,
+/// but not by a stopping relay, whose stop would wait for those calls too. Users holds the
+/// call of two rows until the relay is told to stop, then refuses it whole: no CreateUser
+/// call follows, and both rows go back `pending`, attempt unused, for another relay.
+async fn a_stopping_relay_whose_create_users_call_is_refused_whole_starts_no_call_for_its_rows(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let users = scripted_users(
+        &app,
+        Script {
+            refuse_create_users: Some(Code::InvalidArgument),
+            create_users_gate: Some(gate.clone()),
+            ..Script::default()
+        },
+    )
+    .await;
+    create_students(&app, 2).await;
+    let relay = app.relay_to(&users.url);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            relay
+                .run(relay::wakeup::Wakeup::poll_only(), shutdown)
+                .await
+        }
+    });
+    crate::support::eventually(
+        "the rows' CreateUsers call at Users",
+        Duration::from_secs(20),
+        || async { (users.create_users_calls.load(Ordering::SeqCst) == 1).then_some(()) },
+    )
+    .await;
+    shutdown.cancel();
+    gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the relay stops")
+        .expect("relay task");
+    assert_eq!(
+        users.create_user_calls.lock().expect("calls").len(),
+        0,
+        "no call sent after the relay was told to stop"
+    );
+    for row in statuses(&app).await {
+        assert_eq!(
+            (row.status, row.attempts, row.locked_by),
+            (OutboxStatus::Pending, 0, None),
+            "back, its attempt unused"
+        );
+    }
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
 }
 

@@ -33,6 +33,8 @@ pub struct Script {
     /// Each CreateUser call takes a permit (for good) before it is answered: with none
     /// free it waits, so the test answers calls one permit at a time.
     pub create_user_gate: Option<Arc<Semaphore>>,
+    /// The same for each CreateUsers call (before it is refused or answered).
+    pub create_users_gate: Option<Arc<Semaphore>>,
     /// ListUsers answered UNIMPLEMENTED, as a Users older than the method answers.
     pub no_list_users: bool,
     /// ListUsers without a student refused for its `student_id`, as a Users whose
@@ -76,6 +78,9 @@ impl UsersService for ScriptedUsers {
         request: tonic::Request<CreateUsersRequest>,
     ) -> Result<tonic::Response<CreateUsersResponse>, tonic::Status> {
         self.create_users_calls.fetch_add(1, Ordering::SeqCst);
+        if let Some(gate) = &self.script.create_users_gate {
+            gate.acquire().await.expect("the gate stays open").forget();
+        }
         match self.script.refuse_create_users {
             Some(code) => Err(tonic::Status::new(code, "refused whole by the test")),
             None => self.real.create_users(request).await,
