@@ -35,7 +35,7 @@ on_both_backends!(
     sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
     sigterm_during_a_claim_hands_its_rows_back_unsent,
     one_shot_commands_on_a_database_with_no_schema_say_which_service_to_start,
-    a_relay_tuned_so_it_could_not_keep_its_leases_refuses_to_start,
+    a_relay_tuned_against_its_own_rules_refuses_to_start,
     inbox_purge_deletes_keys_past_the_retention_now_and_keeps_the_users,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
     two_replicas_migrating_one_empty_database_at_once_both_serve,
@@ -918,10 +918,10 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
 
 /// README ("Configuration", `--lease`; "How the relay claims"): `relay run`, and a bare
 /// `relay` from its `RELAY_*` variables, refuse at start a tuning under which a call could
-/// outlast its row's lease (every claimed row would be handed back unsent, forever) or the
-/// backoff could not grow: exit 2 naming the rule. The Student DB is ready, so a relay that
-/// skipped the check would start and run instead (the deadline below).
-async fn a_relay_tuned_so_it_could_not_keep_its_leases_refuses_to_start(backend: Backend) {
+/// outlast its row's lease (every claimed row would be handed back unsent, forever) or whose
+/// backoff would start above its cap: exit 2 naming the rule. The Student DB is ready, so a
+/// relay that skipped the check would start and run instead (the deadline below).
+async fn a_relay_tuned_against_its_own_rules_refuses_to_start(backend: Backend) {
     let Some(dbs) = TestDatabases::create(backend).await else {
         return;
     };

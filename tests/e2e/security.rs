@@ -252,6 +252,7 @@ async fn a_relay_on_a_refused_token_retries_then_exhausts_and_retry_failed_links
         Some("wrong-token-0123456789"),
         relay::RunConfig {
             max_attempts: 3,
+            backoff_base: Duration::from_millis(1),
             backoff_max: Duration::from_millis(1),
             ..test_tuning()
         },
