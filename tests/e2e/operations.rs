@@ -9,7 +9,10 @@ use std::collections::BTreeSet;
 
 use nix::sys::signal::Signal;
 use platform::failpoint::points;
-use proto::{student::v1::CreateStudentRequest, users::v1::CreateUserRequest};
+use proto::{
+    student::v1::{CreateStudentRequest, UpdateStudentRequest},
+    users::v1::CreateUserRequest,
+};
 use sea_orm::{
     ColumnTrait as _, ConnectionTrait as _, DbBackend, EntityTrait as _, QueryFilter as _,
     QueryOrder as _, QueryTrait as _, sea_query::Expr,
@@ -55,6 +58,7 @@ on_both_backends!(
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
+    student_client_keys_outlive_the_purge_only_where_their_record_does,
     purges_and_gauges_find_their_rows_through_indexes_never_the_history,
 );
 
@@ -1953,4 +1957,74 @@ async fn wait_past_a_two_second_retention(issued_at: chrono::DateTime<chrono::Ut
         (chrono::Utc::now() - issued_at > chrono::TimeDelta::milliseconds(2_500)).then_some(())
     })
     .await;
+}
+/// README ("Retention"): a CreateStudent key lives on the student, so a retry after
+/// `relay purge` deleted the student's delivered outbox row still gets its student and
+/// writes nothing. An UpdateStudent key lives on its outbox row: once that is purged, a
+/// retry is a new call, refused (`VERSION_MISMATCH`) with an `expected_version` the student
+/// has moved past, applied again with 0 (here undoing the later rename).
+async fn student_client_keys_outlive_the_purge_only_where_their_record_does(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let mut client = stack.student_client();
+    let enrol = CreateStudentRequest {
+        idempotency_key: Some("enrol-1".into()),
+        ..student_request(1)
+    };
+    let id = client
+        .create_student(enrol.clone())
+        .await
+        .expect("created")
+        .into_inner()
+        .id;
+    let rename = |first_name: &str, key: &str, expected_version: u64| UpdateStudentRequest {
+        id: id.clone(),
+        first_name: first_name.into(),
+        last_name: "Pérez".into(),
+        email: "ana.perez.1@example.edu".into(),
+        idempotency_key: Some(key.into()),
+        expected_version,
+    };
+    client
+        .update_student(rename("Renamed", "rename-1", 1))
+        .await
+        .expect("renamed");
+    client
+        .update_student(rename("Later", "rename-2", 2))
+        .await
+        .expect("renamed again");
+    stack.wait_until_all_synced(1).await;
+    let purge = stack.relay_command(&["purge", "--retain-done", "1ms"]);
+    assert_eq!(
+        (
+            purge.status.code(),
+            String::from_utf8_lossy(&purge.stdout).as_ref()
+        ),
+        (Some(0), "purged=3\n"),
+        "{purge:?}"
+    );
+
+    let again = client
+        .create_student(enrol)
+        .await
+        .expect("the key still finds its student")
+        .into_inner();
+    assert_eq!((again.id.as_str(), again.version), (id.as_str(), 3));
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 0));
+
+    let status = client
+        .update_student(rename("Renamed", "rename-1", 1))
+        .await
+        .expect_err("a new call at version 1");
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    let unconditional = client
+        .update_student(rename("Renamed", "rename-1", 0))
+        .await
+        .expect("applied as a new call")
+        .into_inner();
+    assert_eq!(
+        (unconditional.first_name.as_str(), unconditional.version),
+        ("Renamed", 4)
+    );
 }

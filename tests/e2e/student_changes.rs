@@ -363,7 +363,10 @@ async fn client_keys_answer_retries_and_refuse_other_requests(backend: Backend) 
         })
         .await
         .expect_err("key reused by another RPC");
-    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+    );
     let status = client
         .create_student(CreateStudentRequest {
             idempotency_key: Some("rename-1".into()),
@@ -371,7 +374,10 @@ async fn client_keys_answer_retries_and_refuse_other_requests(backend: Backend) 
         })
         .await
         .expect_err("key reused by CreateStudent");
-    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+    );
     // The new student's row was fine; its outbox row broke the key's unique index. Both
     // are one statement on PostgreSQL (one transaction on SQLite), so neither stays. (With
     // the two sent apart, student first, the student stayed and this call "succeeded".

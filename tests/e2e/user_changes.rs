@@ -240,12 +240,18 @@ async fn change_keys_follow_the_inbox_rules(backend: Backend) {
         .disable_user(disable("early", 2))
         .await
         .expect_err("key reused by another RPC");
-    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+    );
     let status = users
         .update_user(update("create", "Second", 2))
         .await
         .expect_err("CreateUser's key");
-    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+    );
     // A malformed request names its field and stores nothing.
     for (request, field) in [
         (update("", "Second", 2), "idempotency_key"),
