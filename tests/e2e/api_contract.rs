@@ -440,11 +440,40 @@ async fn errors_carry_stable_reasons_in_error_info(backend: Backend) {
     assert_eq!(reason_of(&status), users_domain("USER_NOT_FOUND"));
 }
 
+/// README ("Limits"): request messages over 64 KiB are refused (`OUT_OF_RANGE`), nothing
+/// stored; one just under it is read and judged (a 63 KiB name breaks the names' rule).
 async fn oversized_requests_are_out_of_range_and_store_nothing(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
     };
-    let huge = "x".repeat(70 * 1024);
+    let (under, over) = ("x".repeat(63 * 1024), "x".repeat(64 * 1024));
+    let status = app
+        .student
+        .clone()
+        .create_student(CreateStudentRequest {
+            first_name: under.clone(),
+            ..student_request(1)
+        })
+        .await
+        .expect_err("too long a name");
+    assert_eq!(
+        (status.code(), violated_field(&status)),
+        (Code::InvalidArgument, "first_name".into())
+    );
+    let status = app
+        .users
+        .clone()
+        .create_user(CreateUserRequest {
+            last_name: under,
+            ..user_request("k", "DOC-1")
+        })
+        .await
+        .expect_err("too long a name");
+    assert_eq!(
+        (status.code(), violated_field(&status)),
+        (Code::InvalidArgument, "last_name".into())
+    );
+    let huge = over;
     let status = app
         .student
         .clone()
