@@ -334,6 +334,24 @@ impl Exporter {
 #[must_use = "a span is exported when it ends"]
 pub struct ExportedSpan(Option<Box<Open>>);
 
+/// Whether a span of `kind` whose call ended with `code` is an error, by OpenTelemetry's
+/// gRPC conventions: a client span for every code but `OK`; a server span only for the
+/// codes that mean the server failed, since a refused request is the caller's error.
+fn is_error(kind: &SpanKind, code: tonic::Code) -> bool {
+    match kind {
+        SpanKind::Server => matches!(
+            code,
+            tonic::Code::Unknown
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unimplemented
+                | tonic::Code::Internal
+                | tonic::Code::Unavailable
+                | tonic::Code::DataLoss
+        ),
+        _ => code != tonic::Code::Ok,
+    }
+}
+
 struct Open {
     trace: TraceContext,
     name: Cow<'static, str>,
@@ -418,19 +436,7 @@ impl ExportedSpan {
         if let Some(open) = &mut self.0 {
             open.attributes
                 .push(KeyValue::new("rpc.grpc.status_code", code as i64));
-            let failed = match open.kind {
-                SpanKind::Server => matches!(
-                    code,
-                    tonic::Code::Unknown
-                        | tonic::Code::DeadlineExceeded
-                        | tonic::Code::Unimplemented
-                        | tonic::Code::Internal
-                        | tonic::Code::Unavailable
-                        | tonic::Code::DataLoss
-                ),
-                _ => code != tonic::Code::Ok,
-            };
-            if failed {
+            if is_error(&open.kind, code) {
                 open.status = Status::error(message.to_owned());
             }
         }
@@ -598,6 +604,51 @@ mod tests {
             .count();
         // 1,000 expected; beyond ±200 is more than six standard deviations away.
         assert!((800..=1200).contains(&sampled), "{sampled} of 4000");
+    }
+
+    /// README ("Following one student"): which of the 17 codes make a span an error.
+    #[test]
+    fn a_server_span_is_an_error_only_when_the_server_failed_a_client_span_for_any_code_but_ok() {
+        use tonic::Code::*;
+        let all = [
+            Ok,
+            Cancelled,
+            Unknown,
+            InvalidArgument,
+            DeadlineExceeded,
+            NotFound,
+            AlreadyExists,
+            PermissionDenied,
+            ResourceExhausted,
+            FailedPrecondition,
+            Aborted,
+            OutOfRange,
+            Unimplemented,
+            Internal,
+            Unavailable,
+            DataLoss,
+            Unauthenticated,
+        ];
+        let server_errors: Vec<_> = all
+            .into_iter()
+            .filter(|&code| is_error(&SpanKind::Server, code))
+            .collect();
+        assert_eq!(
+            server_errors,
+            [
+                Unknown,
+                DeadlineExceeded,
+                Unimplemented,
+                Internal,
+                Unavailable,
+                DataLoss
+            ]
+        );
+        let client_errors: Vec<_> = all
+            .into_iter()
+            .filter(|&code| is_error(&SpanKind::Client, code))
+            .collect();
+        assert_eq!(client_errors, all[1..]);
     }
 
     #[test]
