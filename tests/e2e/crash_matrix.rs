@@ -31,6 +31,7 @@ on_both_backends!(
     student_svc_crash_after_commit_is_answered_by_the_retry_with_its_key,
     student_svc_crash_before_a_change_commits_stores_neither_and_the_retry_applies_once,
     a_create_whose_deadline_passes_while_it_commits_lands_and_its_key_finds_it,
+    a_change_whose_deadline_passes_before_its_commit_is_rolled_back,
     rows_committed_while_no_relay_runs_are_delivered_once,
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
     users_crash_before_commit_rolls_back_and_the_retry_creates_once,
@@ -240,6 +241,47 @@ async fn a_create_whose_deadline_passes_while_it_commits_lands_and_its_key_finds
     stack.wait_until_all_linked(1).await;
     assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
     stack.assert_audit_clean(1);
+}
+
+/// README ("Limits"): a request past `--request-timeout` is cancelled and its open
+/// transaction rolled back. An UpdateStudent is held just before its commit (a `sleep`
+/// fail point) past a 500 ms deadline: the caller gets `CANCELLED`, and the next change,
+/// made at once at the same `expected_version`, is applied as version 2; a change that
+/// went on committing would hold the student's row (or SQLite's lock) past that next
+/// call's deadline and then make it a version mismatch.
+async fn a_change_whose_deadline_passes_before_its_commit_is_rolled_back(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let id = stack.create_students(1..2).await.remove(0);
+    stack.wait_until_all_linked(1).await;
+    let slow_change = armed(points::STUDENT_CHANGE_BEFORE_COMMIT, "1*sleep(3000)");
+    stack
+        .restart_student_with(Some(&slow_change), &["--request-timeout", "500ms"])
+        .await;
+    let rename = |first_name: &str| proto::student::v1::UpdateStudentRequest {
+        id: id.clone(),
+        first_name: first_name.into(),
+        last_name: "Pérez".into(),
+        email: "ana.perez.1@example.edu".into(),
+        idempotency_key: None,
+        expected_version: 1,
+    };
+    let cancelled = stack
+        .student_client()
+        .update_student(rename("Slow"))
+        .await
+        .expect_err("the server gives up after its timeout");
+    assert_eq!(cancelled.code(), Code::Cancelled, "{cancelled:?}");
+    let next = stack
+        .student_client()
+        .update_student(rename("Next"))
+        .await
+        .expect("the next change, at version 1 still")
+        .into_inner();
+    assert_eq!((next.first_name.as_str(), next.version), ("Next", 2));
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 2));
+    stack.wait_until_all_synced(1).await;
 }
 
 /// CreateStudent's group commit writes the students of waiting requests in one
