@@ -409,6 +409,23 @@ mod tests {
         assert_eq!(busy_pause(SQLITE_BUSY_TIMEOUT), None);
     }
 
+    /// README ("Storage notes"): SQLite files are created on first start, with the
+    /// directories their path names (`./data/` for the defaults).
+    #[tokio::test]
+    async fn a_sqlite_file_is_created_with_the_directories_its_path_names() {
+        use sea_orm::ConnectionTrait as _;
+        let root = std::env::temp_dir().join(format!("dirs-{}", uuid::Uuid::new_v4()));
+        let path = root.join("new").join("sub").join("s.db");
+        let db = connect(&format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .expect("open");
+        db.execute_unprepared("CREATE TABLE t (n INTEGER)")
+            .await
+            .expect("a table");
+        assert!(path.is_file(), "{} created", path.display());
+        std::fs::remove_dir_all(root).expect("clean up");
+    }
+
     /// A writer that finds the lock taken waits in the project's handler (its pauses are
     /// counted) and writes once the lock is free.
     #[tokio::test]

@@ -467,10 +467,13 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
             .expect("listens");
         (process, addr)
     };
+    // The Users settings are read by `--link-mode direct` only: in the outbox mode a CA
+    // file that cannot be read stops nothing.
     let (_student, student_addr) = start_student(
         &[
             ("STUDENT_TLS_CERT", path(&cert)),
             ("STUDENT_TLS_KEY", path(&key)),
+            ("USERS_TLS_CA", "/nonexistent/users-ca.pem".into()),
         ],
         "student-svc",
     );
