@@ -55,6 +55,7 @@ on_both_backends!(
     resend_refuses_what_would_make_a_second_user_and_changes_nothing,
     restoring_the_users_db_by_the_day_two_routine_gives_each_student_its_user_back,
     an_audit_asks_again_for_the_lookups_users_sheds,
+    an_inbox_cache_of_no_entries_reads_every_replay_from_the_table,
     retention_purges_only_what_is_safe_and_users_refuses_keys_past_its_horizon,
     rows_past_the_horizon_sent_together_are_each_refused,
     purge_leaves_a_row_in_flight_to_be_delivered_once,
@@ -332,6 +333,44 @@ async fn resend_refuses_what_would_make_a_second_user_and_changes_nothing(backen
         .filter(|row| row.aggregate_id != student_id(2))
         .collect();
     assert_eq!(rows_after, kept);
+}
+
+/// README ("Configuration", `--inbox-cache-entries`): 0 turns Users' memory of its answers
+/// off, so the replays of keys this very users-svc executed are each read from the inbox
+/// table (with the memory on, `metrics_of_each_process_move_as_work_is_done` sees the same
+/// three replays answered from memory).
+async fn an_inbox_cache_of_no_entries_reads_every_replay_from_the_table(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack
+        .restart_users_with(
+            None,
+            &[
+                "--inbox-cache-entries",
+                "0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ],
+        )
+        .await;
+    stack.create_students(0..3).await;
+    stack.wait_until_all_linked(3).await;
+    let replay = stack.relay_command(&["replay", "--all"]);
+    assert_eq!(replay.status.code(), Some(0), "{replay:?}");
+    let users = scrape(stack.metrics_addr("users-svc").await).await;
+    assert_eq!(
+        (
+            sample(
+                &users,
+                "inbox_requests_total",
+                &[("rpc", "CreateUser"), ("result", "replayed")]
+            ),
+            sample(&users, "inbox_answers_from_memory_total", &[]),
+        ),
+        (3.0, 0.0),
+        "{users}"
+    );
 }
 
 /// `relay audit` looks users up 16 at a time; a Users that takes one call at a time sheds
