@@ -52,6 +52,7 @@ on_both_backends!(
     a_users_without_create_users_gets_one_call_per_row,
     a_call_refused_whole_as_invalid_sends_its_rows_one_call_each,
     a_shed_call_is_sent_again_after_the_wait_users_asks_for,
+    shed_calls_come_back_spread_over_one_to_two_times_the_wait,
     a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back,
     a_stopping_relay_whose_create_users_call_is_refused_whole_starts_no_call_for_its_rows,
     a_lone_create_user_row_beside_a_change_goes_as_create_user,
@@ -1143,6 +1144,72 @@ async fn a_shed_call_is_sent_again_after_the_wait_users_asks_for(backend: Backen
     // A shed call costs no attempt.
     assert_linked_at_first_attempt(&statuses(&app).await);
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 1).await;
+}
+
+/// README ("Shed calls cost nothing"): a shed call is sent again after the `RetryInfo` wait
+/// times a random 1–2, so shed calls do not return together. Forty rows, each sent alone,
+/// each shed once with a wait of 300 ms: each comes back no sooner than asked, and the
+/// forty waits spread over more than half the wait (without the random factor they would
+/// all be 300 ms and a little; with it, a spread under 150 ms has odds below 2^-33).
+async fn shed_calls_come_back_spread_over_one_to_two_times_the_wait(backend: Backend) {
+    const ROWS: usize = 40;
+    const ASKED: Duration = Duration::from_millis(300);
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let users = scripted_users(
+        &app,
+        Script {
+            shed_each_keys_first_create_user: Some(ASKED),
+            ..Script::default()
+        },
+    )
+    .await;
+    create_students(&app, ROWS).await;
+    let relay = app.relay_with(
+        &users.url,
+        relay::RunConfig {
+            rows_per_call: 1,
+            backoff_base: Duration::from_millis(1),
+            ..crate::support::app::test_tuning()
+        },
+    );
+    let outcome = relay.deliver_batch().await.expect("batch");
+    assert_eq!(
+        (outcome.claimed, outcome.delivered),
+        (ROWS, ROWS),
+        "{outcome:?}"
+    );
+    let calls = users
+        .create_user_calls_by_key
+        .lock()
+        .expect("calls")
+        .clone();
+    assert_eq!(calls.len(), 2 * ROWS, "each row shed once, then answered");
+    let waits: Vec<Duration> = statuses(&app)
+        .await
+        .iter()
+        .map(|row| {
+            let sent: Vec<_> = calls
+                .iter()
+                .filter(|(key, _)| *key == row.idempotency_key)
+                .map(|(_, at)| *at)
+                .collect();
+            assert_eq!(sent.len(), 2, "{}", row.idempotency_key);
+            sent[1] - sent[0]
+        })
+        .collect();
+    let (shortest, longest) = (
+        waits.iter().min().copied().unwrap_or_default(),
+        waits.iter().max().copied().unwrap_or_default(),
+    );
+    assert!(shortest >= ASKED, "one came back after {shortest:?}");
+    assert!(
+        longest - shortest >= ASKED / 2,
+        "the waits spread over {:?} only: {waits:?}",
+        longest - shortest
+    );
+    assert_linked_at_first_attempt(&statuses(&app).await);
 }
 
 /// README (Shutdown): a stopping relay lets its calls finish but sends no shed call again.

@@ -30,6 +30,8 @@ pub struct Script {
     pub shed_first_create_user: Option<Duration>,
     /// Every CreateUser call shed with this `RetryInfo` wait: a Users that stays overloaded.
     pub shed_every_create_user: Option<Duration>,
+    /// The first CreateUser call of each key shed with this `RetryInfo` wait.
+    pub shed_each_keys_first_create_user: Option<Duration>,
     /// Each CreateUser call takes a permit (for good) before it is answered: with none
     /// free it waits, so the test answers calls one permit at a time.
     pub create_user_gate: Option<Arc<Semaphore>>,
@@ -47,6 +49,7 @@ struct ScriptedUsers {
     script: Script,
     create_users_calls: Arc<AtomicUsize>,
     create_user_calls: Arc<Mutex<Vec<Instant>>>,
+    create_user_calls_by_key: Arc<Mutex<Vec<(String, Instant)>>>,
 }
 
 #[tonic::async_trait]
@@ -55,10 +58,14 @@ impl UsersService for ScriptedUsers {
         &self,
         request: tonic::Request<CreateUserRequest>,
     ) -> Result<tonic::Response<CreateUserResponse>, tonic::Status> {
-        let first = {
+        let key = request.get_ref().idempotency_key.clone();
+        let (first, keys_first) = {
             let mut calls = self.create_user_calls.lock().expect("calls");
             calls.push(Instant::now());
-            calls.len() == 1
+            let mut by_key = self.create_user_calls_by_key.lock().expect("calls");
+            let keys_first = !by_key.iter().any(|(seen, _)| *seen == key);
+            by_key.push((key, Instant::now()));
+            (calls.len() == 1, keys_first)
         };
         if let Some(gate) = &self.script.create_user_gate {
             gate.acquire().await.expect("the gate stays open").forget();
@@ -69,7 +76,10 @@ impl UsersService for ScriptedUsers {
         ) {
             (Some(wait), _) if first => Err(platform::status::overloaded(wait)),
             (_, Some(wait)) => Err(platform::status::overloaded(wait)),
-            _ => self.real.create_user(request).await,
+            _ => match self.script.shed_each_keys_first_create_user {
+                Some(wait) if keys_first => Err(platform::status::overloaded(wait)),
+                _ => self.real.create_user(request).await,
+            },
         }
     }
 
@@ -129,6 +139,8 @@ pub struct ScriptedUsersRunning {
     pub url: String,
     pub create_users_calls: Arc<AtomicUsize>,
     pub create_user_calls: Arc<Mutex<Vec<Instant>>>,
+    /// Each CreateUser call's key and when it arrived.
+    pub create_user_calls_by_key: Arc<Mutex<Vec<(String, Instant)>>>,
     _serving: tokio_util::sync::DropGuard,
 }
 
@@ -148,10 +160,12 @@ pub async fn scripted_users(app: &TestApp, script: Script) -> ScriptedUsersRunni
         script,
         create_users_calls: Arc::default(),
         create_user_calls: Arc::default(),
+        create_user_calls_by_key: Arc::default(),
     };
-    let (create_users_calls, create_user_calls) = (
+    let (create_users_calls, create_user_calls, create_user_calls_by_key) = (
         users.create_users_calls.clone(),
         users.create_user_calls.clone(),
+        users.create_user_calls_by_key.clone(),
     );
     let definition = platform::grpc_server::ServiceDefinition {
         routes: tonic::service::Routes::new(UsersServiceServer::new(users)),
@@ -177,6 +191,7 @@ pub async fn scripted_users(app: &TestApp, script: Script) -> ScriptedUsersRunni
         url: format!("http://{addr}"),
         create_users_calls,
         create_user_calls,
+        create_user_calls_by_key,
         _serving: stop.drop_guard(),
     }
 }
