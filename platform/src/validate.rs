@@ -238,6 +238,10 @@ mod tests {
             "So\u{AD}fía",
             "Ana\u{200F}",
             "\u{3164}",
+            // The other Hangul fillers, which show nothing either.
+            "\u{115F}",
+            "An\u{1160}a",
+            "\u{FFA0}Ana",
             "A\u{34F}na",
             // Joiners outside a word: alone, at an end, beside a space or another joiner.
             "\u{200C}",
@@ -264,6 +268,11 @@ mod tests {
             "José María",
             "O'Brien-Núñez",
             "Ana 👩\u{200D}💻",
+            // As documented: no table of scripts, so a joiner between two accented Latin
+            // letters passes, and a variation selector (emoji need them) is no format
+            // character.
+            "é\u{200C}é",
+            "Ana ❤\u{FE0F}",
         ] {
             assert_eq!(reason(student_name("first_name", good)), "ok", "{good:?}");
         }
