@@ -352,11 +352,7 @@ impl Relay {
                 | RecordError::StudentMissing(_)),
             ) => {
                 tracing::error!(outbox_id = row.id, error = %err, "cannot record the delivery on the student");
-                let code = match err {
-                    RecordError::StudentMissing(_) => "STUDENT_MISSING",
-                    _ => "LINK_CONFLICT",
-                };
-                let problem = Problem::new(code, err.to_string());
+                let problem = Problem::new(err.code(), err.to_string());
                 self.fail(row, FailureKind::Rejected, &problem).await
             }
             Err(RecordError::Db(err)) => Err(err.into()),

@@ -170,6 +170,21 @@ pub enum RecordError {
     Db(#[from] DbErr),
 }
 
+impl RecordError {
+    /// The stable reason a row fails with when its delivery cannot be recorded (the first
+    /// three), as the relay records it and `link_error` shows it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::LinkConflict { .. } => "LINK_CONFLICT",
+            // The reason a change row also gets when it finds no link before its call.
+            Self::NotLinked { .. } => "NOT_LINKED",
+            Self::StudentMissing(_) => "STUDENT_MISSING",
+            Self::ClaimLost(_) => "CLAIM_LOST",
+            Self::Db(_) => "DATABASE",
+        }
+    }
+}
+
 /// Records a delivery and marks the row `done`, in ONE transaction: for `create-user` the
 /// returned user is linked to the student; for every effect the student's `synced_version`
 /// rises to the row's version. Either the student shows it and the row is finished, or
@@ -1183,4 +1198,30 @@ pub async fn linked_users(
         );
     }
     Ok(links)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A change delivered while its student lost its link fails as `NOT_LINKED`, the reason
+    /// README gives it, not as a conflict with a link it does not have.
+    #[test]
+    fn each_delivery_that_cannot_be_recorded_fails_with_its_own_reason() {
+        let (student_id, linked, returned) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let reasons = [
+            RecordError::LinkConflict {
+                student_id,
+                linked,
+                returned,
+            },
+            RecordError::NotLinked {
+                student_id,
+                returned,
+            },
+            RecordError::StudentMissing(student_id),
+        ]
+        .map(|err| err.code());
+        assert_eq!(reasons, ["LINK_CONFLICT", "NOT_LINKED", "STUDENT_MISSING"]);
+    }
 }
