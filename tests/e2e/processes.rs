@@ -41,6 +41,7 @@ on_both_backends!(
     two_replicas_migrating_one_empty_database_at_once_both_serve,
     direct_mode_loses_the_student_where_the_outbox_does_not,
     calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
+    student_svc_sheds_what_exceeds_its_max_concurrent_requests,
     a_shed_row_the_lease_cannot_wait_for_goes_back_with_its_attempt,
     every_binary_runs_on_one_thread,
     rust_log_defaults_to_info_and_warn_with_listening_keeps_only_the_addr_line,
@@ -1696,6 +1697,42 @@ async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backen
             .into()
         )
     );
+}
+
+/// README ("Limits"): student-svc too sheds what exceeds its `--max-concurrent-requests`
+/// at once, storing nothing of it. With a limit of 1 and the first commit held 3 s (a
+/// `sleep` fail point), two CreateStudents sent together: one is created, the other is
+/// `RESOURCE_EXHAUSTED` (`OVERLOADED`) and writes nothing.
+async fn student_svc_sheds_what_exceeds_its_max_concurrent_requests(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let slow_commit = format!("{}=1*sleep(3000)", points::STUDENT_BEFORE_COMMIT);
+    stack
+        .restart_student_with(Some(&slow_commit), &["--max-concurrent-requests", "1"])
+        .await;
+    let send = |n: usize| {
+        let mut client = stack.student_client();
+        async move {
+            client
+                .create_student(crate::support::student_request(n))
+                .await
+        }
+    };
+    let (first, second) = tokio::join!(send(1), send(2));
+    let (created, shed) = match (first, second) {
+        (Ok(created), Err(shed)) | (Err(shed), Ok(created)) => (created.into_inner(), shed),
+        answers => panic!("one created and one shed, not {answers:?}"),
+    };
+    assert_eq!(
+        (shed.code(), platform::status::reason(&shed).as_deref()),
+        (tonic::Code::ResourceExhausted, Some("OVERLOADED")),
+        "{shed:?}"
+    );
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 1));
+    stack.wait_until_all_linked(1).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 1).await;
+    assert_eq!(created.version, 1);
 }
 
 /// Users sheds what exceeds its `--max-concurrent-requests` (RESOURCE_EXHAUSTED, the call
