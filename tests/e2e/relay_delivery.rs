@@ -128,6 +128,40 @@ async fn one_batch_links_every_pending_student(backend: Backend) {
 }
 
 /// Statuses of the outbox rows, oldest first.
+/// A relay running its loop (polling only) on a task of its own, until told to stop.
+struct RunningRelay {
+    task: tokio::task::JoinHandle<()>,
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+impl RunningRelay {
+    fn start(relay: relay::Relay) -> Self {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                relay
+                    .run(relay::wakeup::Wakeup::poll_only(), shutdown)
+                    .await
+            }
+        });
+        Self { task, shutdown }
+    }
+
+    /// As SIGTERM tells `relay run`.
+    fn tell_to_stop(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Once the relay has stopped (30 s at most).
+    async fn stopped(self) {
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the relay stops")
+            .expect("relay task");
+    }
+}
+
 async fn statuses(app: &TestApp) -> Vec<outbox::Model> {
     outbox::Entity::find()
         .order_by_asc(outbox::Column::Id)
@@ -1238,15 +1272,7 @@ async fn a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back(backen
             ..crate::support::app::test_tuning()
         },
     );
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            relay
-                .run(relay::wakeup::Wakeup::poll_only(), shutdown)
-                .await
-        }
-    });
+    let running = RunningRelay::start(relay);
     let calls = || users.create_user_calls.lock().expect("calls").len();
     crate::support::eventually(
         "the shed call sent again",
@@ -1255,11 +1281,8 @@ async fn a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back(backen
     )
     .await;
     let when_told = calls();
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), running)
-        .await
-        .expect("the relay stops")
-        .expect("relay task");
+    running.tell_to_stop();
+    running.stopped().await;
     assert_eq!(
         calls(),
         when_told,
@@ -1296,27 +1319,16 @@ async fn a_stopping_relay_whose_create_users_call_is_refused_whole_starts_no_cal
     .await;
     create_students(&app, 2).await;
     let relay = app.relay_to(&users.url);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            relay
-                .run(relay::wakeup::Wakeup::poll_only(), shutdown)
-                .await
-        }
-    });
+    let running = RunningRelay::start(relay);
     crate::support::eventually(
         "the rows' CreateUsers call at Users",
         Duration::from_secs(20),
         || async { (users.create_users_calls.load(Ordering::SeqCst) == 1).then_some(()) },
     )
     .await;
-    shutdown.cancel();
+    running.tell_to_stop();
     gate.add_permits(1);
-    tokio::time::timeout(Duration::from_secs(30), running)
-        .await
-        .expect("the relay stops")
-        .expect("relay task");
+    running.stopped().await;
     assert_eq!(
         users.create_user_calls.lock().expect("calls").len(),
         0,
