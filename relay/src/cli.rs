@@ -1,5 +1,5 @@
 //! The `relay` command line: `run` (the default), `replay`, `status`, `show`, `purge`,
-//! `audit`, `retry-failed`.
+//! `audit`, `retry-failed`, `resend`.
 
 use std::{io::Write as _, process::ExitCode};
 

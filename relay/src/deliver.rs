@@ -275,7 +275,11 @@ impl Relay {
         // A change with no linked user to go to is not sent, since Users would change
         // whichever user it finds. Its rows wait behind its create-user row, so only a
         // student unlinked or deleted by hand gets here.
-        if user.is_none() && !matches!(effect, Effect::CreateUser(_)) {
+        let goes_to_the_linked_user = match effect.kind().operation() {
+            Operation::ChangesTheLinkedUser => true,
+            Operation::CreatesTheUser => false,
+        };
+        if user.is_none() && goes_to_the_linked_user {
             let problem = Problem::new(
                 "NOT_LINKED",
                 format!(

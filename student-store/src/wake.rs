@@ -1,5 +1,6 @@
 //! How the writers of outbox rows wake the relays on PostgreSQL (relays `LISTEN` on
-//! [`OUTBOX_CHANNEL`]; on SQLite they only poll).
+//! [`OUTBOX_CHANNEL`]; on SQLite there is no `NOTIFY`, and relays watch the file's
+//! `data_version` instead: `relay/src/wakeup.rs`).
 //!
 //! A `NOTIFY` inside the writing transaction is the textbook way, but PostgreSQL commits
 //! every notifying transaction under one database-wide lock, held through the WAL flush:
