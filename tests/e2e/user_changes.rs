@@ -26,6 +26,7 @@ on_both_backends!(
     disabling_frees_the_document_number,
     a_change_goes_to_the_students_first_user_should_there_be_two,
     a_change_naming_its_user_goes_to_that_one_if_it_is_the_students,
+    racing_first_deliveries_of_one_change_key_apply_it_once,
 );
 
 const STUDENT: &str = "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a";
@@ -494,4 +495,50 @@ async fn a_change_naming_its_user_goes_to_that_one_if_it_is_the_students(backend
     assert_eq!(users_and_inbox_rows(&app.users_db).await, before);
     let other = user(&app, &someone_else).await;
     assert_eq!((other.enabled, other.source_version), (true, 1));
+}
+
+/// README ("Three guarantees", the inbox): two racing first deliveries of one key are
+/// decided by the inbox's primary key, the loser re-reading the winner's saved answer; for
+/// changes as for creations. Thirty UpdateUsers with one key at once, then thirty
+/// DisableUsers with another: every one answered alike (the user, applied), one inbox row
+/// per key, and the user at each change's version.
+async fn racing_first_deliveries_of_one_change_key_apply_it_once(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_user(&app).await;
+    let updates = futures::future::join_all((0..30).map(|_| {
+        let mut users = app.users.clone();
+        async move { users.update_user(update("race-update", "Renamed", 2)).await }
+    }))
+    .await;
+    for answer in updates {
+        let answer = answer.expect("each race answered").into_inner();
+        assert_eq!(
+            (answer.user_id.as_str(), answer.applied),
+            (id.as_str(), true)
+        );
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
+    let renamed = user(&app, &id).await;
+    assert_eq!(
+        (renamed.first_name.as_str(), renamed.source_version),
+        ("Renamed", 2)
+    );
+
+    let disables = futures::future::join_all((0..30).map(|_| {
+        let mut users = app.users.clone();
+        async move { users.disable_user(disable("race-disable", 3)).await }
+    }))
+    .await;
+    for answer in disables {
+        let answer = answer.expect("each race answered").into_inner();
+        assert_eq!(
+            (answer.user_id.as_str(), answer.applied),
+            (id.as_str(), true)
+        );
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 3));
+    let disabled = user(&app, &id).await;
+    assert_eq!((disabled.enabled, disabled.source_version), (false, 3));
 }
