@@ -174,6 +174,18 @@ mod tests {
         }
     }
 
+    /// A lone write, arriving when a writer is free, is committed at once: no timer waits
+    /// for company (in paused time, any sleep would show as time passed).
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_write_waits_for_nobody() {
+        let writer = GroupCommit::start(1, 16, |items: Vec<u32>| async move {
+            items.into_iter().map(|item| item * 10).collect()
+        });
+        let started = tokio::time::Instant::now();
+        assert_eq!(writer.submit(7).await, Some(70));
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+    }
+
     /// Items queued while the only writer commits are committed together next.
     #[tokio::test]
     async fn writes_queued_during_a_commit_form_the_next_batch() {
