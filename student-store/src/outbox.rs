@@ -171,8 +171,9 @@ pub enum RecordError {
 }
 
 impl RecordError {
-    /// The stable reason a row fails with when its delivery cannot be recorded (the first
-    /// three), as the relay records it and `link_error` shows it.
+    /// The stable reason of each error: the first three are what a row fails with when its
+    /// delivery cannot be recorded (the relay records it in `error_code`); the last two
+    /// fail no row (the row is someone else's now, or is claimed again after its lease).
     pub fn code(&self) -> &'static str {
         match self {
             Self::LinkConflict { .. } => "LINK_CONFLICT",

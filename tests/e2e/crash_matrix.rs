@@ -244,20 +244,20 @@ async fn a_create_whose_deadline_passes_while_it_commits_lands_and_its_key_finds
 }
 
 /// README ("Limits"): a request past `--request-timeout` is cancelled and its open
-/// transaction rolled back. An UpdateStudent is held just before its commit (a `sleep`
-/// fail point) past a 500 ms deadline: the caller gets `CANCELLED`, and the next change,
-/// made at once at the same `expected_version`, is applied as version 2; a change that
-/// went on committing would hold the student's row (or SQLite's lock) past that next
-/// call's deadline and then make it a version mismatch.
+/// transaction rolled back. An UpdateStudent is held just before its commit (a 4 s `sleep`
+/// fail point) past a 2 s deadline: the caller gets `CANCELLED`, and the next change, made
+/// at once at the same `expected_version`, is applied as version 2; a change that went on
+/// committing would hold the student's row (or SQLite's lock) until its commit and then
+/// make the next change a version mismatch.
 async fn a_change_whose_deadline_passes_before_its_commit_is_rolled_back(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
     };
     let id = stack.create_students(1..2).await.remove(0);
     stack.wait_until_all_linked(1).await;
-    let slow_change = armed(points::STUDENT_CHANGE_BEFORE_COMMIT, "1*sleep(3000)");
+    let slow_change = armed(points::STUDENT_CHANGE_BEFORE_COMMIT, "1*sleep(4000)");
     stack
-        .restart_student_with(Some(&slow_change), &["--request-timeout", "500ms"])
+        .restart_student_with(Some(&slow_change), &["--request-timeout", "2s"])
         .await;
     let rename = |first_name: &str| proto::student::v1::UpdateStudentRequest {
         id: id.clone(),

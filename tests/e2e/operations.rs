@@ -1997,6 +1997,7 @@ async fn wait_past_a_two_second_retention(issued_at: chrono::DateTime<chrono::Ut
     })
     .await;
 }
+
 /// README ("Retention"): a CreateStudent key lives on the student, so a retry after
 /// `relay purge` deleted the student's delivered outbox row still gets its student and
 /// writes nothing. An UpdateStudent key lives on its outbox row: once that is purged, a
@@ -2056,7 +2057,11 @@ async fn student_client_keys_outlive_the_purge_only_where_their_record_does(back
         .update_student(rename("Renamed", "rename-1", 1))
         .await
         .expect_err("a new call at version 1");
-    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(
+        (status.code(), platform::status::reason(&status).as_deref()),
+        (Code::Aborted, Some("VERSION_MISMATCH")),
+        "{status:?}"
+    );
     let unconditional = client
         .update_student(rename("Renamed", "rename-1", 0))
         .await

@@ -127,7 +127,6 @@ async fn one_batch_links_every_pending_student(backend: Backend) {
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (5, 5));
 }
 
-/// Statuses of the outbox rows, oldest first.
 /// A relay running its loop (polling only) on a task of its own, until told to stop.
 struct RunningRelay {
     task: tokio::task::JoinHandle<()>,
@@ -162,6 +161,7 @@ impl RunningRelay {
     }
 }
 
+/// Statuses of the outbox rows, oldest first.
 async fn statuses(app: &TestApp) -> Vec<outbox::Model> {
     outbox::Entity::find()
         .order_by_asc(outbox::Column::Id)
@@ -1205,6 +1205,9 @@ async fn shed_calls_come_back_spread_over_one_to_two_times_the_wait(backend: Bac
         relay::RunConfig {
             rows_per_call: 1,
             backoff_base: Duration::from_millis(1),
+            // Room for forty calls on a slow machine: a row given back would end the test.
+            call_timeout: Duration::from_secs(10),
+            lease: Duration::from_secs(20),
             ..crate::support::app::test_tuning()
         },
     );

@@ -42,7 +42,8 @@ pub struct Model {
     pub failure_kind: Option<FailureKind>,
     /// The stable reason of `last_error`: Users' `ErrorInfo` reason
     /// (`DOCUMENT_NUMBER_TAKEN`), a gRPC code (`UNAVAILABLE`), or the relay's own
-    /// (`LINK_CONFLICT`, `STUDENT_MISSING`, `UNKNOWN_EFFECT`, `UNREADABLE_PAYLOAD`).
+    /// (`LINK_CONFLICT`, `NOT_LINKED`, `STUDENT_MISSING`, `UNKNOWN_EFFECT`,
+    /// `UNREADABLE_PAYLOAD`).
     pub error_code: Option<String>,
     /// The caller's key of the UpdateStudent or DeactivateStudent that decided this row.
     pub client_key: Option<String>,
