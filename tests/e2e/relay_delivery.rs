@@ -38,6 +38,7 @@ on_both_backends!(
     a_student_linked_to_another_user_fails_its_row_as_a_link_conflict,
     a_missing_student_fails_its_row_and_holds_back_no_one,
     a_change_of_a_student_linked_to_no_user_is_not_sent,
+    a_change_whose_student_lost_its_link_while_it_was_sent_fails_as_not_linked,
     a_change_for_a_user_users_lost_fails_at_once,
     a_name_saved_before_students_stricter_rule_still_reaches_users,
     a_users_without_list_users_is_named_by_retry_failed_and_audit_and_nothing_changes,
@@ -288,9 +289,6 @@ async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend)
     assert_eq!(rows[0].failure_kind, Some(FailureKind::Rejected));
 }
 
-/// A change goes to the user its student is linked to. A student unlinked by hand has
-/// none: its change row fails as `NOT_LINKED` without a call, since Users would change
-/// whichever user it finds for the student.
 /// Delivers one batch: the change row, the only one due, fails; returns it.
 async fn the_change_fails(app: &TestApp) -> outbox::Model {
     let outcome = app.relay().deliver_batch().await.expect("batch");
@@ -298,6 +296,61 @@ async fn the_change_fails(app: &TestApp) -> outbox::Model {
     statuses(app).await.remove(1)
 }
 
+/// README (`link_error`, `NOT_LINKED`): a change whose student lost its link (by a hand in
+/// the Student DB) while its call was at Users fails as `NOT_LINKED` when its answer is
+/// recorded, as it would had the link been gone before the call; not as a link conflict,
+/// which is a student linked to another user. Users holds the UpdateUser until the link
+/// is cleared.
+async fn a_change_whose_student_lost_its_link_while_it_was_sent_fails_as_not_linked(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let users = scripted_users(
+        &app,
+        Script {
+            update_user_gate: Some(gate.clone()),
+            ..Script::default()
+        },
+    )
+    .await;
+    let relay = app.relay_to(&users.url);
+    let id = create_students(&app, 1).await.remove(0);
+    assert_eq!(relay.deliver_batch().await.expect("batch").delivered, 1);
+    app.rename_student(&id).await;
+    let sending = tokio::spawn(async move { relay.deliver_batch().await });
+    crate::support::eventually(
+        "the change's call at Users",
+        Duration::from_secs(20),
+        || async { (users.update_user_calls.load(Ordering::SeqCst) == 1).then_some(()) },
+    )
+    .await;
+    let student = Uuid::parse_str(&id).expect("uuid");
+    students::Entity::update_many()
+        .col_expr(students::Column::UserId, Expr::value(Option::<Uuid>::None))
+        .filter(students::Column::Id.eq(student))
+        .exec(&app.student_db)
+        .await
+        .expect("unlink the student");
+    gate.add_permits(1);
+    let outcome = sending.await.expect("task").expect("batch");
+    assert_eq!((outcome.claimed, outcome.failed), (1, 1), "{outcome:?}");
+    let row = statuses(&app).await.remove(1);
+    assert_eq!(
+        (row.status, row.failure_kind, row.error_code.as_deref()),
+        (
+            OutboxStatus::Failed,
+            Some(FailureKind::Rejected),
+            Some("NOT_LINKED")
+        )
+    );
+}
+
+/// A change goes to the user its student is linked to. A student unlinked by hand has
+/// none: its change row fails as `NOT_LINKED` without a call, since Users would change
+/// whichever user it finds for the student.
 async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;

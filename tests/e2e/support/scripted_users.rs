@@ -37,6 +37,8 @@ pub struct Script {
     pub create_user_gate: Option<Arc<Semaphore>>,
     /// The same for each CreateUsers call (before it is refused or answered).
     pub create_users_gate: Option<Arc<Semaphore>>,
+    /// The same for each UpdateUser call.
+    pub update_user_gate: Option<Arc<Semaphore>>,
     /// ListUsers answered UNIMPLEMENTED, as a Users older than the method answers.
     pub no_list_users: bool,
     /// ListUsers without a student refused for its `student_id`, as a Users whose
@@ -50,6 +52,7 @@ struct ScriptedUsers {
     create_users_calls: Arc<AtomicUsize>,
     create_user_calls: Arc<Mutex<Vec<Instant>>>,
     create_user_calls_by_key: Arc<Mutex<Vec<(String, Instant)>>>,
+    update_user_calls: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -101,6 +104,10 @@ impl UsersService for ScriptedUsers {
         &self,
         request: tonic::Request<UpdateUserRequest>,
     ) -> Result<tonic::Response<UpdateUserResponse>, tonic::Status> {
+        self.update_user_calls.fetch_add(1, Ordering::SeqCst);
+        if let Some(gate) = &self.script.update_user_gate {
+            gate.acquire().await.expect("the gate stays open").forget();
+        }
         self.real.update_user(request).await
     }
 
@@ -141,6 +148,7 @@ pub struct ScriptedUsersRunning {
     pub create_user_calls: Arc<Mutex<Vec<Instant>>>,
     /// Each CreateUser call's key and when it arrived.
     pub create_user_calls_by_key: Arc<Mutex<Vec<(String, Instant)>>>,
+    pub update_user_calls: Arc<AtomicUsize>,
     _serving: tokio_util::sync::DropGuard,
 }
 
@@ -161,11 +169,13 @@ pub async fn scripted_users(app: &TestApp, script: Script) -> ScriptedUsersRunni
         create_users_calls: Arc::default(),
         create_user_calls: Arc::default(),
         create_user_calls_by_key: Arc::default(),
+        update_user_calls: Arc::default(),
     };
-    let (create_users_calls, create_user_calls, create_user_calls_by_key) = (
+    let (create_users_calls, create_user_calls, create_user_calls_by_key, update_user_calls) = (
         users.create_users_calls.clone(),
         users.create_user_calls.clone(),
         users.create_user_calls_by_key.clone(),
+        users.update_user_calls.clone(),
     );
     let definition = platform::grpc_server::ServiceDefinition {
         routes: tonic::service::Routes::new(UsersServiceServer::new(users)),
@@ -192,6 +202,7 @@ pub async fn scripted_users(app: &TestApp, script: Script) -> ScriptedUsersRunni
         create_users_calls,
         create_user_calls,
         create_user_calls_by_key,
+        update_user_calls,
         _serving: stop.drop_guard(),
     }
 }
