@@ -28,6 +28,10 @@ pub mod points {
     pub const RELAY_AFTER_CLAIM: &str = "relay-after-claim";
     /// relay: Users answered, the link and `done` not yet recorded.
     pub const RELAY_BEFORE_FINALIZE: &str = "relay-before-finalize";
+    /// relay on SQLite, a batch of answers recorded set-based: its rows marked `done`,
+    /// their students not yet linked, the transaction not committed. (PostgreSQL records
+    /// such a batch in one statement: there is no such point.)
+    pub const RELAY_BETWEEN_FINISH_STATEMENTS: &str = "relay-between-finish-statements";
     /// relay, `error` only: setting up its wake-ups at start fails (PostgreSQL: connecting
     /// and `LISTEN`ing; SQLite: opening the watcher and reading its first `data_version`).
     pub const RELAY_WAKEUPS_START: &str = "relay-wakeups-start";

@@ -50,6 +50,8 @@ pub(crate) async fn finish_all(
         .await?
         .into_iter()
         .collect();
+    // Crash point: rows marked done, their students not yet linked; neither is committed.
+    platform::failpoint::hit(platform::failpoint::points::RELAY_BETWEEN_FINISH_STATEMENTS).await;
     let held: Vec<_> = deliveries
         .iter()
         .filter(|(row, _)| done.contains(&row.id))

@@ -39,6 +39,7 @@ on_both_backends!(
     users_crash_inside_a_many_row_call_rolls_back_every_row_and_the_retry_creates_each_once,
     users_crash_after_a_many_row_commit_is_answered_from_the_inbox_for_every_row,
     relay_crash_before_finalize_is_redelivered_and_answered_from_the_inbox,
+    relay_crash_inside_a_set_finish_leaves_no_row_done_without_its_link,
     a_relay_whose_lease_expired_finishes_late_without_harm,
     users_slower_than_the_deadline_is_retried_and_creates_once,
     a_rejection_fails_after_one_attempt_and_is_redriven_only_with_a_new_key,
@@ -626,6 +627,40 @@ async fn relay_crash_before_finalize_is_redelivered_and_answered_from_the_inbox(
         .count();
     assert_eq!(delivered.len(), 3, "{log}");
     assert!(from_inbox as u64 >= users, "{users} users existed: {log}");
+}
+
+/// README ("Finalize, fenced"; `finish_many.rs`): on SQLite a batch of answers is recorded
+/// in two statements, rows `done` then students linked, in one transaction. The relay dies
+/// between the two (`relay-between-finish-statements`): no row is `done` and no student
+/// linked, and a new relay delivers every row again, answered from the inbox, each student
+/// linked once. On PostgreSQL the batch is one statement, the point is never reached, and
+/// the same relay links them all.
+async fn relay_crash_inside_a_set_finish_leaves_no_row_done_without_its_link(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    stack.create_students(0..8).await;
+    stack.start_relay(
+        Some(&armed(points::RELAY_BETWEEN_FINISH_STATEMENTS, "abort")),
+        &[],
+    );
+    if backend == Backend::Sqlite {
+        stack.wait_for_relay_abort(0);
+        let (users, _) = users_and_inbox_rows(&stack.users_db).await;
+        assert!(users >= 2, "Users answered a batch before the relay died");
+        let done = stack
+            .outbox_rows()
+            .await
+            .iter()
+            .filter(|row| row.status == OutboxStatus::Done)
+            .count();
+        assert_eq!((done, stack.linked_students().await), (0, 0));
+        stack.start_relay(None, &[]);
+    }
+    stack.wait_until_all_linked(8).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 8).await;
+    stack.assert_audit_clean(8);
 }
 
 async fn a_relay_whose_lease_expired_finishes_late_without_harm(backend: Backend) {
