@@ -289,6 +289,18 @@ async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend)
     assert_eq!(rows[0].failure_kind, Some(FailureKind::Rejected));
 }
 
+/// Clears student `id`'s link in the Student DB, as a hand there would; returns its id.
+async fn unlink_by_hand(app: &TestApp, id: &str) -> Uuid {
+    let student = Uuid::parse_str(id).expect("uuid");
+    students::Entity::update_many()
+        .col_expr(students::Column::UserId, Expr::value(Option::<Uuid>::None))
+        .filter(students::Column::Id.eq(student))
+        .exec(&app.student_db)
+        .await
+        .expect("unlink the student");
+    student
+}
+
 /// Delivers one batch: the change row, the only one due, fails; returns it.
 async fn the_change_fails(app: &TestApp) -> outbox::Model {
     let outcome = app.relay().deliver_batch().await.expect("batch");
@@ -327,13 +339,7 @@ async fn a_change_whose_student_lost_its_link_while_it_was_sent_fails_as_not_lin
         || async { (users.update_user_calls.load(Ordering::SeqCst) == 1).then_some(()) },
     )
     .await;
-    let student = Uuid::parse_str(&id).expect("uuid");
-    students::Entity::update_many()
-        .col_expr(students::Column::UserId, Expr::value(Option::<Uuid>::None))
-        .filter(students::Column::Id.eq(student))
-        .exec(&app.student_db)
-        .await
-        .expect("unlink the student");
+    unlink_by_hand(&app, &id).await;
     gate.add_permits(1);
     let outcome = sending.await.expect("task").expect("batch");
     assert_eq!((outcome.claimed, outcome.failed), (1, 1), "{outcome:?}");
@@ -361,13 +367,7 @@ async fn a_change_of_a_student_linked_to_no_user_is_not_sent(backend: Backend) {
         1
     );
     app.rename_student(&id).await;
-    let student = Uuid::parse_str(&id).expect("uuid");
-    students::Entity::update_many()
-        .col_expr(students::Column::UserId, Expr::value(Option::<Uuid>::None))
-        .filter(students::Column::Id.eq(student))
-        .exec(&app.student_db)
-        .await
-        .expect("unlink the student");
+    let student = unlink_by_hand(&app, &id).await;
     let before = users_and_inbox_rows(&app.users_db).await;
 
     let row = the_change_fails(&app).await;
