@@ -42,14 +42,15 @@ pub mod points {
     /// relay, `error` only: a try to get lost wake-ups back fails, as while the database
     /// is unreachable.
     pub const RELAY_WAKEUPS_RETRY: &str = "relay-wakeups-retry";
-    /// users-svc, CreateUser: the request arrived; nothing read, written or locked yet (a
-    /// `sleep` here makes Users slow without holding any database lock).
+    /// users-svc, a write (CreateUser, CreateUsers, UpdateUser, DisableUser): the request
+    /// arrived; nothing read, written or locked yet (a `sleep` here makes Users slow
+    /// without holding any database lock).
     pub const USERS_ON_REQUEST: &str = "users-on-request";
     /// users-svc, a write: its rows written, transaction not yet committed. For CreateUser
     /// on PostgreSQL (one statement) nothing is sent yet; UpdateUser and DisableUser keep
     /// their transaction everywhere.
     pub const USERS_BEFORE_COMMIT: &str = "users-before-commit";
-    /// users-svc, CreateUser: committed, answer not yet sent.
+    /// users-svc, a write: committed, answer not yet sent.
     pub const USERS_AFTER_COMMIT: &str = "users-after-commit";
 }
 
