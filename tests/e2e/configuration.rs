@@ -1,7 +1,7 @@
 //! README's configuration table held to the binaries themselves: every flag it lists exists
 //! where it says, with that environment variable and that default (as `--help` prints
 //! them), and every flag a binary reads from the environment is in the table. A flag added,
-//! renamed or given a new default without the README fails here.
+//! renamed or given a new default without the README fails here; so does a fail point.
 
 use std::{collections::BTreeMap, process::Command};
 
@@ -176,4 +176,39 @@ fn the_readme_configuration_table_matches_every_binarys_help() {
             }
         }
     }
+}
+
+/// README's "Fail points" lists every point the code names (`platform::failpoint::points`)
+/// and no other: a point added, renamed or dropped without the README fails here.
+#[test]
+fn the_readme_lists_every_fail_point_and_no_other() {
+    let read = |path: &str| {
+        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap_or_else(|err| panic!("{path}: {err}"))
+    };
+    let code = read("platform/src/failpoint.rs");
+    let points = &code[code.find("pub mod points {").expect("the points")..];
+    let points = &points[..points.find("\n}").expect("their end")];
+    let in_code: std::collections::BTreeSet<String> = points
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("pub const "))
+        .filter_map(|line| line.split('"').nth(1))
+        .map(str::to_owned)
+        .collect();
+    assert!(in_code.len() >= 10, "{in_code:?}");
+    let readme = read("README.md");
+    let section = &readme[readme.find("### Fail points").expect("the section")..];
+    let section = &section[..section[4..].find("\n### ").expect("its end") + 4];
+    // Code blocks out first: a fence's three backticks would shift the pairs.
+    let prose: String = section.split("```").step_by(2).collect::<Vec<_>>().join("");
+    let in_readme: std::collections::BTreeSet<String> = backticked(&prose)
+        .into_iter()
+        .filter(|name| {
+            ["student-", "relay-", "users-"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+                && name.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+        })
+        .collect();
+    assert_eq!(in_readme, in_code);
 }
