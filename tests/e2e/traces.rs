@@ -1752,6 +1752,19 @@ async fn one_trace_id_follows_a_student_through_the_three_processes(backend: Bac
     )));
     // relay (text): the failed attempt and the delivery, each line naming the trace.
     let relay_log = stack.wait_for_relay_log_lines(&trace_id, 2).await;
+    // README: "every log line about the student carries its trace_id": each line of
+    // student-svc and the relay that names the student names one of its three traces.
+    let traces = [&trace_id, &change_trace_id, &deactivate_trace_id];
+    for (name, log) in [("student-svc", &student_log), ("relay", &relay_log)] {
+        let about: Vec<&str> = log.lines().filter(|line| line.contains(&id)).collect();
+        assert!(!about.is_empty(), "{name} logs the student");
+        for line in about {
+            assert!(
+                traces.iter().any(|trace| line.contains(trace.as_str())),
+                "{name}: a line about the student without its trace: {line}"
+            );
+        }
+    }
     let relay_lines: Vec<&str> = relay_log
         .lines()
         .filter(|line| line.contains(&trace_id))
