@@ -1,8 +1,8 @@
 //! Named fail points for crash tests, compiled in only with the `failpoints` feature.
 //!
 //! A test starts a binary with `FAILPOINTS="name=action;name2=action"`, where an action is
-//! `abort` (the process dies at once, with no cleanup: a crash), `sleep(MS)` (the task
-//! waits), `error` (the step the point stands for fails, where the code asks with
+//! `abort` (the process dies at once, with no cleanup: a crash), `panic` (the task
+//! panics: a bug there, the process going on), `sleep(MS)` (the task waits), `error` (the step the point stands for fails, where the code asks with
 //! [`fails`]), or any of them prefixed by `N*` to act on the first N hits only (`1*abort`). One
 //! entry is not a point but a setting: `clock-skew=skew(MS)` moves the process's clock
 //! ([`clock_skew`]) by MS milliseconds (negative: behind), to test that nothing compares
@@ -62,6 +62,10 @@ pub async fn hit(name: &str) {
             armed::Action::Abort => {
                 tracing::warn!(failpoint = name, "fail point: aborting the process");
                 std::process::abort();
+            }
+            armed::Action::Panic => {
+                tracing::warn!(failpoint = name, "fail point: panicking");
+                panic!("fail point {name}");
             }
             armed::Action::Sleep(duration) => {
                 tracing::warn!(failpoint = name, ?duration, "fail point: sleeping");
@@ -124,6 +128,8 @@ mod armed {
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Action {
         Abort,
+        /// The task panics: a bug at that point, not a crash of the process.
+        Panic,
         Sleep(Duration),
         /// The step fails; see [`super::fails`].
         Error,
@@ -167,6 +173,7 @@ mod armed {
                 };
                 let action = match action {
                     "abort" => Action::Abort,
+                    "panic" => Action::Panic,
                     "error" => Action::Error,
                     other => {
                         let (verb, argument) = other.strip_suffix(')')?.split_once('(')?;
@@ -188,8 +195,9 @@ mod armed {
 
         #[test]
         fn specs_parse_into_counted_actions() {
-            let points =
-                parse("a=abort; b=2*sleep(150);bad;c=explode;clock-skew=skew(-3600000);d=3*error");
+            let points = parse(
+                "a=abort; b=2*sleep(150);bad;c=explode;clock-skew=skew(-3600000);d=3*error;e=1*panic",
+            );
             assert_eq!(points["a"].action, Action::Abort);
             assert_eq!(points["a"].remaining, None);
             assert_eq!(
@@ -201,6 +209,10 @@ mod armed {
             assert_eq!(points["clock-skew"].action, Action::Skew(-3_600_000));
             assert_eq!(points["d"].action, Action::Error);
             assert_eq!(points["d"].remaining, Some(3));
+            assert_eq!(
+                (points["e"].action, points["e"].remaining),
+                (Action::Panic, Some(1))
+            );
         }
     }
 }

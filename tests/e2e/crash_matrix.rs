@@ -32,6 +32,7 @@ on_both_backends!(
     student_svc_crash_before_a_change_commits_stores_neither_and_the_retry_applies_once,
     a_create_whose_deadline_passes_while_it_commits_lands_and_its_key_finds_it,
     a_change_whose_deadline_passes_before_its_commit_is_rolled_back,
+    a_create_whose_group_commit_panics_fails_alone_and_the_writer_goes_on,
     rows_committed_while_no_relay_runs_are_delivered_once,
     relay_crash_after_claim_is_recovered_when_the_lease_expires,
     users_crash_before_commit_rolls_back_and_the_retry_creates_once,
@@ -283,6 +284,45 @@ async fn a_change_whose_deadline_passes_before_its_commit_is_rolled_back(backend
     assert_eq!((next.first_name.as_str(), next.version), ("Next", 2));
     assert_eq!(students_and_outbox_rows(&stack.student_db).await, (1, 2));
     stack.wait_until_all_synced(1).await;
+}
+
+/// README ("Three guarantees", the group commit): a group whose commit panics (a bug)
+/// fails only its own callers, whose retries find whatever it wrote by their client keys,
+/// and the writer goes on with the next (on SQLite it is the only one). student-svc's
+/// first commit panics (`student-before-commit=1*panic`): its caller gets `INTERNAL` and
+/// nothing of it is stored; the next CreateStudent is created, and the first caller's
+/// retry with its key creates its student, once.
+async fn a_create_whose_group_commit_panics_fails_alone_and_the_writer_goes_on(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack
+        .restart_student(Some(&armed(points::STUDENT_BEFORE_COMMIT, "1*panic")))
+        .await;
+    let first = CreateStudentRequest {
+        idempotency_key: Some("enrol-1".into()),
+        ..student_request(1)
+    };
+    let failed = stack
+        .student_client()
+        .create_student(first.clone())
+        .await
+        .expect_err("its group panicked");
+    assert_eq!(failed.code(), Code::Internal, "{failed:?}");
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (0, 0));
+    stack
+        .student_client()
+        .create_student(student_request(2))
+        .await
+        .expect("the writer went on");
+    stack
+        .student_client()
+        .create_student(first)
+        .await
+        .expect("the retry creates its student");
+    assert_eq!(students_and_outbox_rows(&stack.student_db).await, (2, 2));
+    stack.wait_until_all_linked(2).await;
+    assert_each_student_linked_exactly_once(&stack.student_db, &stack.users_db, 2).await;
 }
 
 /// CreateStudent's group commit writes the students of waiting requests in one
