@@ -19,6 +19,7 @@ pub const IN_FLIGHT_LIMIT: &str = "relay_in_flight_limit";
 pub const FINALIZE_BATCHES: &str = "relay_finalize_batches_total";
 pub const WAKEUPS_LISTENING: &str = "relay_wakeups_listening";
 pub const WAKEUP_LOSSES: &str = "relay_wakeup_losses_total";
+pub const WAKEUPS: &str = "relay_wakeups_total";
 
 /// How often the gauges are read from the database. Each read touches only the rows still
 /// to deliver and the failed ones (see `outbox::report`), never the delivered history.
@@ -93,6 +94,11 @@ pub fn describe() {
     );
     // Exported at 0 from the start, so `increase()` sees the first loss.
     metrics::counter!(WAKEUP_LOSSES).increment(0);
+    metrics::describe_counter!(
+        WAKEUPS,
+        "Times a commit woke this relay: a NOTIFY heard (PostgreSQL; several heard at once count once) or the SQLite file changed with rows pending"
+    );
+    metrics::counter!(WAKEUPS).increment(0);
     metrics::describe_gauge!(
         OUTBOX_ROWS,
         "Outbox rows by status, read from the Student DB (done: estimated on PostgreSQL)"
@@ -119,6 +125,11 @@ pub fn in_flight_limit(limit: usize) {
 /// Sets whether commits wake this relay now, or only its poll does.
 pub fn wakeups_listening(listening: bool) {
     metrics::gauge!(WAKEUPS_LISTENING).set(if listening { 1.0 } else { 0.0 });
+}
+
+/// Counts one wake-up a commit gave this relay (see [`WAKEUPS`]).
+pub fn woken_by_a_commit() {
+    metrics::counter!(WAKEUPS).increment(1);
 }
 
 /// Counts one loss of this relay's wake-ups (see [`WAKEUP_LOSSES`]).

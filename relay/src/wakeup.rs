@@ -425,6 +425,7 @@ impl Listener {
                 Ok(Heard::Commit) => {
                     // Several notifications before the relay looks are one reason to claim.
                     while listening.listener.next_buffered().is_some() {}
+                    crate::metrics::woken_by_a_commit();
                     signal.wake();
                 }
                 Ok(Heard::Itself) => {}
@@ -581,6 +582,7 @@ async fn watch(url: String, first: anyhow::Result<(SqliteConnection, i64)>, sign
                 let wake = seen != version && any_pending(&mut connection).await;
                 seen = version;
                 if wake {
+                    crate::metrics::woken_by_a_commit();
                     signal.wake();
                     tick.reset_after(SQLITE_MIN_WAKE_GAP);
                 }

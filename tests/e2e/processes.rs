@@ -1699,6 +1699,39 @@ async fn direct_mode_loses_the_student_where_the_outbox_does_not(backend: Backen
     );
 }
 
+/// PostgreSQL only (`--wake-relays` chooses how student-svc `NOTIFY`s; SQLite has no
+/// `NOTIFY`, and its relays watch the file whatever the flag says). README ("Wake-up";
+/// metric `relay_wakeups_total`): with student-svc at `--wake-relays off` nothing
+/// `NOTIFY`s, so three students are linked by the relay's poll alone and its count of
+/// wake-ups stays 0; back at the default, the next student's commit wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wake_ups_off_no_commit_wakes_a_relay() {
+    let Some(mut stack) = Stack::start_with_metrics(Backend::Postgres).await else {
+        return;
+    };
+    let relay_metrics = stack.metrics_addr("relay-0").await;
+    let wakeups = || async { gauge(&scrape(relay_metrics).await, "relay_wakeups_total") };
+    // The relay listens first, so a NOTIFY sent would be heard.
+    eventually("the relay LISTENing", LINK_DEADLINE, || async {
+        let text = scrape(relay_metrics).await;
+        (sample(&text, "relay_wakeups_listening", &[]) == 1.0).then_some(())
+    })
+    .await;
+    stack
+        .restart_student_with(None, &["--wake-relays", "off"])
+        .await;
+    stack.create_students(0..3).await;
+    stack.wait_until_all_linked(3).await;
+    assert_eq!(wakeups().await, 0.0, "a commit woke the relay");
+    stack.restart_student(None).await;
+    stack.create_students(3..4).await;
+    stack.wait_until_all_linked(4).await;
+    eventually("a commit to wake the relay", LINK_DEADLINE, || async {
+        (wakeups().await >= 1.0).then_some(())
+    })
+    .await;
+}
+
 /// README ("Limits"): student-svc too sheds what exceeds its `--max-concurrent-requests`
 /// at once, storing nothing of it. With a limit of 1 and the first commit held 3 s (a
 /// `sleep` fail point), two CreateStudents sent together: one is created, the other is
