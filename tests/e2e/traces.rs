@@ -167,12 +167,7 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
     for n in 0..3 {
         traces.push(create_traced(&client, n).await);
     }
-    let mut relay = start_exporting(
-        &dbs,
-        &collector,
-        "relay",
-        &["--users-url", &users_url, "run"],
-    );
+    let mut relay = relay_exporting(&dbs, &collector, &users_url);
     wait_until_linked(&client, traces.iter().map(|(_, id)| id)).await;
     let change_trace_id = new_trace_id();
     let current = client
@@ -374,9 +369,7 @@ async fn a_span_is_an_error_only_when_its_hop_failed(backend: Backend) {
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     let (journey_trace, id) = create_traced(&client, 2).await;
     let mut relay = start_exporting(&dbs, &collector, "relay", &["--users-url", &nobody, "run"]);
-    let student_db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("Student DB");
+    let student_db = student_db_of(&dbs).await;
     outbox_rows_when(&student_db, "the row retried", |rows| {
         rows.len() == 1 && rows[0].attempts > 0
     })
@@ -384,12 +377,7 @@ async fn a_span_is_an_error_only_when_its_hop_failed(backend: Backend) {
     stop(&mut relay);
     let mut users = start_exporting(&dbs, &collector, "users-svc", &[]);
     let users_url = format!("http://{}", serving(&mut users).await);
-    let mut relay = start_exporting(
-        &dbs,
-        &collector,
-        "relay",
-        &["--users-url", &users_url, "run"],
-    );
+    let mut relay = relay_exporting(&dbs, &collector, &users_url);
     wait_until_linked(&client, [&id]).await;
     for process in [&mut relay, &mut student, &mut users] {
         stop(process);
@@ -534,9 +522,7 @@ async fn a_row_failed_without_a_call_keeps_its_delivery_span(backend: Backend) {
     let users_url = format!("http://{}", serving(&mut users).await);
     let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
     let (trace_id, _) = create_traced(&student_client(serving(&mut student).await), 0).await;
-    let student_db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("Student DB");
+    let student_db = student_db_of(&dbs).await;
     outbox::Entity::update_many()
         .col_expr(
             outbox::Column::Payload,
@@ -545,12 +531,7 @@ async fn a_row_failed_without_a_call_keeps_its_delivery_span(backend: Backend) {
         .exec(&student_db)
         .await
         .expect("spoil the row's payload");
-    let mut relay = start_exporting(
-        &dbs,
-        &collector,
-        "relay",
-        &["--users-url", &users_url, "run"],
-    );
+    let mut relay = relay_exporting(&dbs, &collector, &users_url);
     outbox_rows_when(&student_db, "the row failed", |rows| {
         rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed
     })
@@ -661,15 +642,8 @@ async fn items_of_a_call_whose_transaction_failed_are_each_a_failed_span(backend
     for n in 0..2 {
         traces.push(create_traced(&client, n).await.0);
     }
-    let mut relay = start_exporting(
-        &dbs,
-        &collector,
-        "relay",
-        &["--users-url", &users_url, "run"],
-    );
-    let student_db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("Student DB");
+    let mut relay = relay_exporting(&dbs, &collector, &users_url);
+    let student_db = student_db_of(&dbs).await;
     outbox_rows_when(&student_db, "both rows retried", |rows| {
         rows.iter()
             .all(|row| row.status == outbox::OutboxStatus::Pending && row.attempts > 0)
@@ -753,15 +727,8 @@ async fn retry_failed_asks_users_about_a_rows_key_in_the_rows_trace(backend: Bac
         .expect("somebody else holds student 0's document number");
     let mut student = start_exporting(&dbs, &collector, "student-svc", &[]);
     let (trace_id, _) = create_traced(&student_client(serving(&mut student).await), 0).await;
-    let mut relay = start_exporting(
-        &dbs,
-        &collector,
-        "relay",
-        &["--users-url", &users_url, "run"],
-    );
-    let student_db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("Student DB");
+    let mut relay = relay_exporting(&dbs, &collector, &users_url);
+    let student_db = student_db_of(&dbs).await;
     let row = outbox_rows_when(&student_db, "the row rejected", |rows| {
         rows.len() == 1 && rows[0].status == outbox::OutboxStatus::Failed
     })
@@ -896,9 +863,7 @@ async fn the_sampler_named_exports_whole_journeys_or_none(backend: Backend) {
     }
 
     // What each student's row stored: its trace, and whether it is sampled.
-    let student_db = platform::db::connect(&dbs.student_url)
-        .await
-        .expect("Student DB");
+    let student_db = student_db_of(&dbs).await;
     let rows = outbox::Entity::find()
         .order_by_asc(outbox::Column::Id)
         .all(&student_db)
@@ -1452,6 +1417,18 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
 
 /// The span id of the caller `with_trace` makes every request come from.
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// A relay (`relay run`) delivering to `users_url`, exporting to `collector`.
+fn relay_exporting(dbs: &TestDatabases, collector: &Collector, users_url: &str) -> Process {
+    start_exporting(dbs, collector, "relay", &["--users-url", users_url, "run"])
+}
+
+/// The test's Student DB, to read its outbox.
+async fn student_db_of(dbs: &TestDatabases) -> sea_orm::DatabaseConnection {
+    platform::db::connect(&dbs.student_url)
+        .await
+        .expect("Student DB")
+}
 
 /// Starts `binary` on the test's databases (a service on port 0), exporting its spans to
 /// `collector` with an hour between batches: they arrive when it stops.
