@@ -150,6 +150,23 @@ impl Relay {
         Instant::now() + self.config.call_timeout < lease_ends
     }
 
+    /// Whether a call may start now, and if not how its rows go back unsent: never once the
+    /// relay is stopping (a stop waits for the calls in flight, never for new ones, such as
+    /// the one-row calls of a CreateUsers call refused whole), nor when the lease could end
+    /// before the call does.
+    pub(crate) fn hand_back_unsent(
+        &self,
+        lease_ends: Instant,
+    ) -> Option<HandBack> {
+        if self.stopping.is_cancelled() {
+            Some(Self::unsent_while_stopping)
+        } else if !self.lease_covers_a_call(lease_ends) {
+            Some(Self::unsent_for_its_lease)
+        } else {
+            None
+        }
+    }
+
     /// `row` not sent because its lease is too short: logged, counted `released`, and
     /// answered unsent, so that it goes back to `pending` at once.
     pub(crate) fn unsent_for_its_lease(row: &outbox_row::Model) -> (Delivery, i64) {
@@ -226,9 +243,9 @@ impl Relay {
         // Read before the lease is checked: the read may wait for a connection, and the
         // call must still fit in the lease after it.
         let user = self.user_to_change(&row).await?;
-        if !self.lease_covers_a_call(lease_ends) {
+        if let Some(unsent) = self.hand_back_unsent(lease_ends) {
             // Nothing is sent, so no delivery span: the row's next delivery has one.
-            return Ok(Self::unsent_for_its_lease(&row));
+            return Ok(unsent(&row));
         }
         let exported = delivery_span(&row, trace);
         let effect = row.effect_type.clone();
@@ -494,6 +511,9 @@ impl Relay {
         }
     }
 }
+
+/// How a row goes back unsent (see [`Relay::hand_back_unsent`]).
+pub(crate) type HandBack = fn(&outbox_row::Model) -> (Delivery, i64);
 
 /// What became of one claimed row.
 pub(crate) enum Delivery {

@@ -77,13 +77,13 @@ impl Relay {
         lease_ends: Instant,
     ) -> Vec<RowResult> {
         let traced: Vec<_> = creations.iter().map(|(row, _)| row_trace(row)).collect();
-        // As for a single row (`send_traced`): never start a call the lease cannot cover.
-        // (Nothing is sent, so no delivery span.)
-        if !self.lease_covers_a_call(lease_ends) {
+        // As for a single row (`send_traced`): no call once stopping, nor one the lease
+        // cannot cover. (Nothing is sent, so no delivery span.)
+        if let Some(unsent) = self.hand_back_unsent(lease_ends) {
             return creations
                 .iter()
                 .zip(traced)
-                .map(|((row, _), (_, span))| Ok(span.in_scope(|| Relay::unsent_for_its_lease(row))))
+                .map(|((row, _), (_, span))| Ok(span.in_scope(|| unsent(row))))
                 .collect();
         }
         let spans: Vec<_> = creations
@@ -116,15 +116,8 @@ impl Relay {
                 for span in spans {
                     span.fail(status.message());
                 }
-                let rows: Vec<_> = creations.into_iter().map(|(row, _)| row).collect();
-                // A stopping relay starts no new call (its stop would wait for them): the
-                // rows go back unsent, and Users ran none of them.
-                if self.stopping.is_cancelled() {
-                    return rows
-                        .iter()
-                        .map(|row| Ok(Relay::unsent_while_stopping(row)))
-                        .collect();
-                }
+                // (A relay stopping meanwhile sends none of them: `hand_back_unsent`.)
+                let rows = creations.into_iter().map(|(row, _)| row).collect();
                 return self.send_each(rows, lease_ends).await;
             }
             Err(status) => vec![Err(status); creations.len()],
