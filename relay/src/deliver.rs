@@ -154,10 +154,7 @@ impl Relay {
     /// relay is stopping (a stop waits for the calls in flight, never for new ones, such as
     /// the one-row calls of a CreateUsers call refused whole), nor when the lease could end
     /// before the call does.
-    pub(crate) fn hand_back_unsent(
-        &self,
-        lease_ends: Instant,
-    ) -> Option<HandBack> {
+    pub(crate) fn hand_back_unsent(&self, lease_ends: Instant) -> Option<HandBack> {
         if self.stopping.is_cancelled() {
             Some(Self::unsent_while_stopping)
         } else if !self.lease_covers_a_call(lease_ends) {
