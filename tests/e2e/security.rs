@@ -737,10 +737,33 @@ const CHANGED_CANARY_EMAIL: &str = "changed.canary.9@example.edu";
 const BATCH_CANARY: &str = "batch.canary";
 const BATCH_CANARY_DOCUMENT: &str = "PIIBATCH";
 
+/// A log filter with every crate of the workspace at `trace` (read from the workspace's
+/// `members`, so a crate added later is covered too) and everything else at `info`.
+fn every_project_crate_at_trace() -> String {
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
+        .expect("read the workspace's Cargo.toml");
+    let members = manifest
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("members = ["))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .expect("the workspace lists its members on one line");
+    let mut directives: Vec<String> = members
+        .split(',')
+        .map(|name| format!("{}=trace", name.trim().trim_matches('"').replace('-', "_")))
+        .collect();
+    assert!(
+        directives
+            .iter()
+            .any(|directive| directive == "student_store=trace"),
+        "{directives:?}"
+    );
+    directives.push("info".into());
+    directives.join(",")
+}
+
 async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
-    let trace =
-        "student_svc=trace,users_svc=trace,relay=trace,platform=trace,migrations=trace,info";
-    let Some(mut stack) = Stack::start_logging(backend, trace).await else {
+    let trace = every_project_crate_at_trace();
+    let Some(mut stack) = Stack::start_logging(backend, &trace).await else {
         return;
     };
     let mut client = stack.student_client();
