@@ -130,14 +130,21 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
         )
     })?;
     let mut processor = BatchSpanProcessor::builder(Counted(exporter)).build();
-    // The SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; neither naming the
-    // service, it is called `unknown_service`: then the binary's name.
+    // The SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, but where both name the
+    // service it lets the attributes' `service.name` win; OpenTelemetry's configuration
+    // specification says OTEL_SERVICE_NAME wins, and here it does. Neither naming the
+    // service, the SDK calls it `unknown_service`: then it is the binary's name.
     let mut resource = Resource::builder().build();
     let named = resource
         .get(&opentelemetry::Key::new("service.name"))
         .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
-    if !named {
-        resource = Resource::builder().with_service_name(service).build();
+    let by_variable = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|name| !name.trim().is_empty());
+    match by_variable {
+        Some(name) => resource = Resource::builder().with_service_name(name).build(),
+        None if !named => resource = Resource::builder().with_service_name(service).build(),
+        None => {}
     }
     processor.set_resource(&resource);
     let exporting = PROCESSOR.set(processor).is_ok();
@@ -307,6 +314,11 @@ fn collector_tls() -> anyhow::Result<tonic::transport::ClientTlsConfig> {
     }
 }
 
+/// The longest a stopping binary waits for the collector to take its last spans (the SDK's
+/// default, named here because README promises it): a collector that never answers holds
+/// a stop this long, not the export's own deadline (`OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s).
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The export [`start`] set up, if any.
 #[must_use = "stop it when the process ends, or the last spans are lost"]
 pub struct Exporter {
@@ -314,14 +326,19 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    /// Sends the spans still queued and stops the export (at most a few seconds when the
-    /// collector does not answer). The processor's thread waits on a connection that runs
+    /// Sends the spans still queued and stops the export (waiting at most [`STOP_WAIT`] when
+    /// the collector does not answer). The processor's thread waits on a connection that runs
     /// on this runtime, so it is waited for off the runtime's thread.
     pub async fn stop(self) {
         if !self.exporting {
             return;
         }
-        let stopped = tokio::task::spawn_blocking(|| PROCESSOR.get().map(|p| p.shutdown())).await;
+        let stopped = tokio::task::spawn_blocking(|| {
+            PROCESSOR
+                .get()
+                .map(|processor| processor.shutdown_with_timeout(STOP_WAIT))
+        })
+        .await;
         if let Ok(Some(Err(err))) = stopped {
             tracing::warn!(error = %err, "spans still queued for the collector were not sent");
         }
