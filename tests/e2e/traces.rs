@@ -1172,7 +1172,10 @@ async fn spans_reach_an_https_collector_trusted_through_the_ca_file_named(backen
         "OTEL_RESOURCE_ATTRIBUTES",
         "service.name=users-eu-1,deployment.environment=test",
     );
-    let rounds: [(&[(&str, &str)], Option<&str>); 3] = [
+    // Each round: the environment users-svc exports under, and the service name its span
+    // must arrive with (none: nothing arrives).
+    type Round<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+    let rounds: [Round; 3] = [
         (&[], None),
         (
             &[("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca), attributes],
