@@ -1,6 +1,6 @@
 //! The schemas of the two databases, as sea-orm migrators: [`student::Migrator`] for the
-//! Student DB (`students`, `outbox`) and [`users::Migrator`] for the Users DB (`users`,
-//! `inbox`). Each service applies its own migrator on start-up with [`apply`]; the relay
+//! Student DB (`students`, `outbox`, `unchanged_keys`) and [`users::Migrator`] for the
+//! Users DB (`users`, `inbox`). Each service applies its own migrator on start-up with [`apply`]; the relay
 //! only waits for the Student schema with [`is_current`].
 
 use anyhow::Context as _;

@@ -235,12 +235,12 @@ async fn run(cli: &Cli, config: RunConfig) -> anyhow::Result<ExitCode> {
     }
     let (purging, retain_done) = (db.clone(), cli.retain_done);
     tokio::spawn(platform::retention::on_schedule(
-        "done outbox rows",
+        "done outbox rows and unchanged keys",
         config.purge_interval,
         shutdown.clone(),
         move || {
             let db = purging.clone();
-            async move { student_store::outbox::purge_done(&db, retain_done).await }
+            async move { purge_past_retention(&db, retain_done).await }
         },
     ));
     let users_url = users.url.clone();
@@ -291,9 +291,21 @@ async fn show(database_url: &str, student: Uuid) -> anyhow::Result<ExitCode> {
 
 async fn purge(database_url: &str, retain_done: std::time::Duration) -> anyhow::Result<ExitCode> {
     let db = migrations::open_existing::<migrations::student::Migrator>(database_url).await?;
-    let purged = student_store::outbox::purge_done(&db, retain_done).await?;
+    let purged = purge_past_retention(&db, retain_done).await?;
     println!("purged={purged}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `--retain-done` bounds: the `done` outbox rows (each carrying its change's client
+/// key, if any) and the client keys of changes that changed nothing. Returns how many of
+/// both were deleted.
+async fn purge_past_retention(
+    db: &sea_orm::DatabaseConnection,
+    retain_done: std::time::Duration,
+) -> Result<u64, sea_orm::DbErr> {
+    let rows = student_store::outbox::purge_done(db, retain_done).await?;
+    let keys = student_store::students::purge_unchanged_keys(db, retain_done).await?;
+    Ok(rows + keys)
 }
 
 async fn audit(cli: &Cli) -> anyhow::Result<ExitCode> {

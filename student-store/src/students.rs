@@ -10,9 +10,10 @@ use platform::{
     failpoint,
 };
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, NotSet, QueryFilter, QueryOrder, QuerySelect, QueryTrait, Set, Statement,
-    TryIntoModel,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction,
+    DbBackend, DbErr, DeleteMany, EntityTrait, NotSet, QueryFilter, QueryOrder, QuerySelect,
+    QueryTrait, Set, Statement, TryIntoModel,
+    sea_query::{LockBehavior, LockType},
 };
 use uuid::Uuid;
 
@@ -20,7 +21,7 @@ use crate::{
     effect::{CREATE_USER, CreateUserPayload, DisableUserPayload, Effect, UpdateUserPayload},
     entity::{
         outbox::{self, OutboxStatus},
-        students,
+        students, unchanged_keys,
     },
     wake::RelayBell,
 };
@@ -374,8 +375,8 @@ pub struct ChangeRequest {
 pub enum ChangeOutcome {
     /// Accepted: the student's new version and its outbox row are committed.
     Changed(StudentView),
-    /// It would change nothing (the same values, or deactivating an inactive student):
-    /// nothing was written, no version spent.
+    /// It would change nothing (the same values, or deactivating an inactive student): no
+    /// version spent, no outbox row; only the caller's key, if it sent one.
     Unchanged(StudentView),
 }
 
@@ -419,7 +420,9 @@ pub async fn change(
     }
     let version = student.version + 1;
     let (changed, effect) = match &request.change {
-        Change::Deactivate if !student.active => return unchanged(db, student).await,
+        Change::Deactivate if !student.active => {
+            return unchanged(txn, db, student, request.client, request.at).await;
+        }
         Change::Update { .. } if !student.active => return Err(ChangeError::Inactive),
         Change::Update {
             first_name,
@@ -429,7 +432,7 @@ pub async fn change(
             if (first_name, last_name, email)
                 == (&student.first_name, &student.last_name, &student.email)
             {
-                return unchanged(db, student).await;
+                return unchanged(txn, db, student, request.client, request.at).await;
             }
             let effect = Effect::UpdateUser(UpdateUserPayload {
                 version: UpdateUserPayload::VERSION,
@@ -491,26 +494,102 @@ pub async fn change(
     Ok(ChangeOutcome::Changed(with_create_user(db, student).await?))
 }
 
+/// Ends a change that changes nothing: no version spent, no outbox row. Its client key, if
+/// the caller sent one, is kept all the same (in `unchanged_keys`, committed while the
+/// student's row is still locked), so that a retry is answered as a retry: were it judged
+/// afresh after another client's change, it would apply its values over the newer ones.
 async fn unchanged(
+    txn: DatabaseTransaction,
     db: &DatabaseConnection,
     student: students::Model,
+    client: Option<(String, String)>,
+    at: DateTime<Utc>,
 ) -> Result<ChangeOutcome, ChangeError> {
+    match client {
+        Some((client_key, request_hash)) => {
+            unchanged_keys::ActiveModel {
+                client_key: Set(client_key),
+                student_id: Set(student.id),
+                request_hash: Set(request_hash),
+                created_at: Set(at),
+            }
+            .insert(&txn)
+            .await?;
+            txn.commit().await?;
+        }
+        // Nothing to keep: rolled back, the lock released.
+        None => drop(txn),
+    }
     Ok(ChangeOutcome::Unchanged(
         with_create_user(db, student).await?,
     ))
 }
 
 /// The change a caller's UpdateStudent or DeactivateStudent key decided, if any: its
-/// student and the fingerprint of the request.
+/// student and the fingerprint of the request. A change's key lives on its outbox row, the
+/// key of one that changed nothing in `unchanged_keys`.
+///
+/// (The two are separate unique indexes, so two different requests racing with one key
+/// could each be kept, the one that changed nothing beside the other. It changed nothing,
+/// so nothing was done twice; a later retry finds the outbox row first.)
 pub async fn find_change_by_client_key(
     db: &DatabaseConnection,
     client_key: &str,
 ) -> Result<Option<(Uuid, Option<String>)>, DbErr> {
-    Ok(outbox::Entity::find()
+    let changed = outbox::Entity::find()
         .filter(outbox::Column::ClientKey.eq(client_key))
         .one(db)
+        .await?;
+    if let Some(row) = changed {
+        return Ok(Some((row.aggregate_id, row.request_hash)));
+    }
+    Ok(unchanged_keys::Entity::find_by_id(client_key)
+        .one(db)
         .await?
-        .map(|row| (row.aggregate_id, row.request_hash)))
+        .map(|key| (key.student_id, Some(key.request_hash))))
+}
+
+/// Deletes the keys of changes that changed nothing kept longer than `retention` (`relay
+/// purge`'s `--retain-done`, as for a change's key on its `done` outbox row), oldest first,
+/// in batches of one short statement each; returns how many were deleted.
+pub async fn purge_unchanged_keys(
+    db: &DatabaseConnection,
+    retention: std::time::Duration,
+) -> Result<u64, DbErr> {
+    let horizon = platform::db::now() - retention;
+    let backend = db.get_database_backend();
+    platform::retention::purge_all(|batch| async move {
+        let deleted = purge_unchanged_keys_batch(backend, horizon, batch)
+            .exec(db)
+            .await?;
+        Ok(deleted.rows_affected)
+    })
+    .await
+}
+
+/// One batch of [`purge_unchanged_keys`]: the `batch` oldest keys kept since before
+/// `horizon`, found through `unchanged_keys_created_at`. On PostgreSQL it skips keys
+/// another purge has locked, so relays purging at once never wait on each other.
+pub fn purge_unchanged_keys_batch(
+    backend: DbBackend,
+    horizon: DateTime<Utc>,
+    batch: u64,
+) -> DeleteMany<unchanged_keys::Entity> {
+    let mut oldest = unchanged_keys::Entity::find()
+        .select_only()
+        .column(unchanged_keys::Column::ClientKey)
+        .filter(unchanged_keys::Column::CreatedAt.lt(horizon))
+        .order_by_asc(unchanged_keys::Column::CreatedAt)
+        .limit(batch)
+        .into_query();
+    if backend == DbBackend::Postgres {
+        oldest.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    }
+    unchanged_keys::Entity::delete_many().filter(platform::retention::batch_of(
+        unchanged_keys::Column::ClientKey,
+        oldest,
+        backend,
+    ))
 }
 
 /// The student whose CreateStudent used `client_key`, if any.

@@ -124,7 +124,8 @@ async fn replay_client_key(
 ///
 /// The caller's key is checked first, before any rule: a retry of an accepted change gets
 /// the student back, as it is now, even though its `expected_version` is no longer
-/// current. A change that changes nothing writes nothing and spends no version.
+/// current. A change that changes nothing spends no version and writes no effect, but its
+/// key is kept like any other, so its retry is a retry too.
 #[tracing::instrument(skip_all, fields(student_id = %change.id), err(level = "debug"))]
 pub async fn change_student(
     db: &DatabaseConnection,

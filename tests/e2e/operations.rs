@@ -1848,8 +1848,8 @@ async fn purge_leaves_a_row_in_flight_to_be_delivered_once(backend: Backend) {
 /// README ("Retention": the indexes make both purges and the gauges cheap whatever the
 /// history; "Metrics": `outbox_rows` counts through partial indexes, never the history).
 /// Beside a history of 20,000 `done` rows (statistics gathered), 100 undelivered and 10
-/// failed, and 20,000 inbox entries, the plan of each statement the gauges run, and of a
-/// purge batch of each table, finds its rows through the index named for it and scans no
+/// failed, 20,000 keys of changes that changed nothing, and 20,000 inbox entries, the plan
+/// of each statement the gauges run, and of a purge batch of each table, finds its rows through the index named for it and scans no
 /// table, nor any index but those partial ones.
 async fn purges_and_gauges_find_their_rows_through_indexes_never_the_history(backend: Backend) {
     use platform::retention::PURGE_BATCH;
@@ -1876,6 +1876,12 @@ async fn purges_and_gauges_find_their_rows_through_indexes_never_the_history(bac
         "outbox purge",
         "outbox_done_by_time",
         student_store::outbox::purge_done_batch(backend, horizon, PURGE_BATCH).build(backend),
+    ));
+    student_statements.push((
+        "unchanged keys purge",
+        "unchanged_keys_created_at",
+        student_store::students::purge_unchanged_keys_batch(backend, horizon, PURGE_BATCH)
+            .build(backend),
     ));
     let inbox_purge = (
         "inbox purge",
@@ -1977,6 +1983,13 @@ async fn write_history(
             .expect("outbox rows");
     }
     let rows = series.replace("{count}", "20000");
+    student_db
+        .execute_unprepared(&format!(
+            "INSERT INTO unchanged_keys (client_key, student_id, request_hash, created_at) \
+             SELECT {key}, {uuid}, 'hash', {then} FROM {rows}"
+        ))
+        .await
+        .expect("keys of changes that changed nothing");
     users_db
         .execute_unprepared(&format!(
             "INSERT INTO inbox (idempotency_key, request_hash, result, created_at) \
@@ -2002,7 +2015,8 @@ async fn wait_past_a_two_second_retention(issued_at: chrono::DateTime<chrono::Ut
 /// `relay purge` deleted the student's delivered outbox row still gets its student and
 /// writes nothing. An UpdateStudent key lives on its outbox row: once that is purged, a
 /// retry is a new call, refused (`VERSION_MISMATCH`) with an `expected_version` the student
-/// has moved past, applied again with 0 (here undoing the later rename).
+/// has moved past, applied again with 0 (here undoing the later rename). The key of an
+/// UpdateStudent that changed nothing is purged with the rows, by the same retention.
 async fn student_client_keys_outlive_the_purge_only_where_their_record_does(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
         return;
@@ -2034,14 +2048,21 @@ async fn student_client_keys_outlive_the_purge_only_where_their_record_does(back
         .update_student(rename("Later", "rename-2", 2))
         .await
         .expect("renamed again");
+    let unchanged = client
+        .update_student(rename("Later", "same-1", 3))
+        .await
+        .expect("a change that changes nothing")
+        .into_inner();
+    assert_eq!(unchanged.version, 3);
     stack.wait_until_all_synced(1).await;
+    // Three done rows and the key of the change that changed nothing.
     let purge = stack.relay_command(&["purge", "--retain-done", "1ms"]);
     assert_eq!(
         (
             purge.status.code(),
             String::from_utf8_lossy(&purge.stdout).as_ref()
         ),
-        (Some(0), "purged=3\n"),
+        (Some(0), "purged=4\n"),
         "{purge:?}"
     );
 
@@ -2070,5 +2091,15 @@ async fn student_client_keys_outlive_the_purge_only_where_their_record_does(back
     assert_eq!(
         (unconditional.first_name.as_str(), unconditional.version),
         ("Renamed", 4)
+    );
+    // The key of the change that changed nothing went with the rows: a new call too.
+    let status = client
+        .update_student(rename("Later", "same-1", 3))
+        .await
+        .expect_err("a new call at version 3");
+    assert_eq!(
+        (status.code(), platform::status::reason(&status).as_deref()),
+        (Code::Aborted, Some("VERSION_MISMATCH")),
+        "{status:?}"
     );
 }

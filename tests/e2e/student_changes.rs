@@ -25,6 +25,7 @@ use crate::{
 on_both_backends!(
     an_update_commits_the_new_version_with_one_update_user_row,
     a_change_that_changes_nothing_writes_nothing,
+    a_keyed_change_that_changes_nothing_keeps_its_key,
     a_stale_expected_version_is_aborted_and_writes_nothing,
     an_expected_version_ahead_of_the_student_is_aborted_too,
     concurrent_changes_of_one_student_are_each_applied_in_turn,
@@ -239,6 +240,103 @@ async fn a_change_that_changes_nothing_writes_nothing(backend: Backend) {
             ("ana.new@example.edu".to_owned(), "Gómez".to_owned())
         )
     );
+}
+
+/// README ("Same operation, or two operations…"): a keyed UpdateStudent or
+/// DeactivateStudent that changes nothing spends no version and writes no effect, but keeps
+/// its key as any change does. Its retries, racing or later, are answered as retries: after
+/// another client's rename, the student as it is now, the rename kept (judged afresh, the
+/// retry would put the old names back). The key sent with another request, or by the other
+/// change RPC, is refused as reused. (Not by CreateStudent, which finds keys through its
+/// own insert's unique index and does not read this one: README says so.)
+async fn a_keyed_change_that_changes_nothing_keeps_its_key(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let mut client = app.student.clone();
+    let same = UpdateStudentRequest {
+        idempotency_key: Some("same-names".into()),
+        ..update(&student, &student.first_name)
+    };
+    let racing = futures::future::join_all((0..8).map(|_| {
+        let (mut client, same) = (client.clone(), same.clone());
+        async move { client.update_student(same).await }
+    }))
+    .await;
+    for answer in racing {
+        let answer = answer.expect("answered").into_inner();
+        assert_eq!(answer.version, 1, "no version spent");
+    }
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
+
+    client
+        .update_student(update(&student, "Renamed"))
+        .await
+        .expect("renamed by another client");
+    let again = client
+        .update_student(same.clone())
+        .await
+        .expect("a retry")
+        .into_inner();
+    assert_eq!((again.first_name.as_str(), again.version), ("Renamed", 2));
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 2));
+
+    let reused = [
+        client
+            .update_student(UpdateStudentRequest {
+                first_name: "Other".into(),
+                ..same.clone()
+            })
+            .await
+            .expect_err("another request"),
+        client
+            .deactivate_student(DeactivateStudentRequest {
+                idempotency_key: same.idempotency_key.clone(),
+                ..deactivate(&student)
+            })
+            .await
+            .expect_err("another RPC"),
+    ];
+    for status in reused {
+        assert_eq!(
+            reason(&status),
+            (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+        );
+    }
+    let now = get(&app, &student.id).await;
+    assert_eq!(
+        (now.first_name.as_str(), now.version, now.active),
+        ("Renamed", 2, true)
+    );
+
+    // Deactivating an inactive student changes nothing either, and keeps its key too.
+    client
+        .deactivate_student(deactivate(&student))
+        .await
+        .expect("deactivated");
+    let off_again = DeactivateStudentRequest {
+        idempotency_key: Some("off-again".into()),
+        ..deactivate(&student)
+    };
+    let off = client
+        .deactivate_student(off_again.clone())
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!((off.version, off.active), (3, false));
+    let status = client
+        .update_student(UpdateStudentRequest {
+            idempotency_key: off_again.idempotency_key.clone(),
+            ..update(&student, "Renamed")
+        })
+        .await
+        .expect_err("another RPC");
+    assert_eq!(
+        reason(&status),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
+    );
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 3));
 }
 
 async fn a_stale_expected_version_is_aborted_and_writes_nothing(backend: Backend) {

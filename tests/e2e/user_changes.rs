@@ -27,6 +27,7 @@ on_both_backends!(
     a_change_goes_to_the_students_first_user_should_there_be_two,
     a_change_naming_its_user_goes_to_that_one_if_it_is_the_students,
     racing_first_deliveries_of_one_change_key_apply_it_once,
+    racing_changes_of_one_user_leave_it_at_the_newest_version,
 );
 
 const STUDENT: &str = "0193a6a4-7f3e-7c1a-9a55-3c2f1e0d4b8a";
@@ -541,4 +542,52 @@ async fn racing_first_deliveries_of_one_change_key_apply_it_once(backend: Backen
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 3));
     let disabled = user(&app, &id).await;
     assert_eq!((disabled.enabled, disabled.source_version), (false, 3));
+}
+
+/// README ("A student's whole life"): a change sent by hand, or late, never overwrites a
+/// newer one, even when they race. Five rounds, each sending 39 versions of one user's
+/// change at once (each with its own key, newest first): each is judged against the user as
+/// the one before it left it (the user row is locked for the judging), so every round
+/// leaves the user at its newest version with its names, whatever order the commits took.
+/// (Judged against what each read before the others committed, every one would apply, and
+/// the last to commit would win: on PostgreSQL, most rounds then end elsewhere.)
+async fn racing_changes_of_one_user_leave_it_at_the_newest_version(backend: Backend) {
+    const ROUNDS: u64 = 5;
+    const PER_ROUND: u64 = 39;
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let id = create_user(&app).await;
+    for round in 0..ROUNDS {
+        let newest = 1 + PER_ROUND * (round + 1);
+        let versions = (newest - PER_ROUND + 1)..=newest;
+        let answers = futures::future::join_all(versions.rev().map(|version| {
+            let mut users = app.users.clone();
+            async move {
+                let key = format!("change-v{version}");
+                let answer = users
+                    .update_user(update(&key, &format!("V{version}"), version))
+                    .await;
+                (version, answer)
+            }
+        }))
+        .await;
+        for (version, answer) in answers {
+            let answer = answer.expect("each change answered").into_inner();
+            assert_eq!(answer.user_id, id, "version {version}");
+            if version == newest {
+                assert!(answer.applied, "the newest always applies");
+            }
+        }
+        let now = user(&app, &id).await;
+        assert_eq!(
+            (now.first_name, now.source_version),
+            (format!("V{newest}"), newest),
+            "round {round}"
+        );
+    }
+    assert_eq!(
+        users_and_inbox_rows(&app.users_db).await,
+        (1, 1 + ROUNDS * PER_ROUND)
+    );
 }

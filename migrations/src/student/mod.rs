@@ -1,4 +1,5 @@
-//! The Student DB: `students` and the `outbox` of effects still to deliver.
+//! The Student DB: `students`, the `outbox` of effects still to deliver, and the
+//! `unchanged_keys` of changes that changed nothing.
 
 use sea_orm_migration::prelude::*;
 
@@ -14,6 +15,7 @@ mod m20261201_000009_outbox_retention_indexes;
 mod m20261201_000010_outbox_key_created_at;
 mod m20261201_000011_outbox_traceparent;
 mod m20261201_000012_drop_outbox_claim_idx;
+mod m20261205_000013_unchanged_keys;
 
 /// Migrates the Student DB.
 pub struct Migrator;
@@ -34,6 +36,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000010_outbox_key_created_at::Migration),
             Box::new(m20261201_000011_outbox_traceparent::Migration),
             Box::new(m20261201_000012_drop_outbox_claim_idx::Migration),
+            Box::new(m20261205_000013_unchanged_keys::Migration),
         ]
     }
 }

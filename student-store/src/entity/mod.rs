@@ -2,3 +2,4 @@
 
 pub mod outbox;
 pub mod students;
+pub mod unchanged_keys;
