@@ -13,7 +13,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Database {
-    /// The Student DB (`students`, `outbox`).
+    /// The Student DB (`students`, `outbox`, `unchanged_keys`).
     Student {
         #[arg(
             long,

@@ -644,6 +644,70 @@ fn the_pgbench_create_script_writes_the_columns_the_service_writes() {
     assert_eq!(pgbench::inserts(&script), pgbench::inserts(&service));
 }
 
+/// The database-only ceiling's CreateStudent writes a value wherever student-svc writes one.
+/// Run once on PostgreSQL beside a keyed CreateStudent (loadgen sends a key with every
+/// call), the script's student and outbox row leave NULL exactly the columns the service's
+/// leave NULL. (The column lists alone, above, let the script write NULL where the service
+/// writes the client key, sparing the ceiling a unique index's check the service pays.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_pgbench_create_script_leaves_null_only_what_the_service_leaves_null() {
+    use sea_orm::ConnectionTrait as _;
+
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    let id = app
+        .student
+        .clone()
+        .create_student(keyed(1, "ceiling-1"))
+        .await
+        .expect("created")
+        .into_inner()
+        .id;
+    // pgbench's variables, as one of its clients would bind them.
+    let script = pgbench::script("create_student.sql")
+        .replace(":client_id::", "7::")
+        .replace(":n::", "42::");
+    app.student_db
+        .execute_unprepared(&script)
+        .await
+        .expect("the script's statement");
+    let null_columns = |table: &'static str, column: &'static str, id: String| {
+        let db = app.student_db.clone();
+        async move {
+            let row = db
+                .query_one_raw(sea_orm::Statement::from_string(
+                    db.get_database_backend(),
+                    format!(
+                        "SELECT row_to_json(t)::text AS row FROM {table} t WHERE {column} = {id}"
+                    ),
+                ))
+                .await
+                .expect("read")
+                .unwrap_or_else(|| panic!("no {table} row for {id}"));
+            let row: serde_json::Value =
+                serde_json::from_str(&row.try_get::<String>("", "row").expect("json"))
+                    .expect("a JSON row");
+            let mut nulls: Vec<String> = row
+                .as_object()
+                .expect("an object")
+                .iter()
+                .filter(|(_, value)| value.is_null())
+                .map(|(name, _)| name.clone())
+                .collect();
+            nulls.sort();
+            nulls
+        }
+    };
+    for (table, column) in [("students", "id"), ("outbox", "aggregate_id")] {
+        assert_eq!(
+            null_columns(table, column, "md5('7-42')::uuid".into()).await,
+            null_columns(table, column, format!("'{id}'::uuid")).await,
+            "{table}: NULL in the script's row (left) and the service's (right)"
+        );
+    }
+}
+
 /// `student.proto`: a `page_size` of 0 means the default (50), and a page holds 500 at most.
 /// The 501 students are written straight to the table: only their order matters here.
 async fn list_students_pages_default_to_50_and_hold_500_at_most(backend: Backend) {
