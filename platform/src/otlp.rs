@@ -137,7 +137,10 @@ pub fn start(service: &'static str) -> anyhow::Result<Exporter> {
     let mut resource = Resource::builder().build();
     let named = resource
         .get(&opentelemetry::Key::new("service.name"))
-        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
+        .is_some_and(|name| {
+            let name = name.as_str();
+            !name.trim().is_empty() && !name.starts_with("unknown_service")
+        });
     let by_variable = std::env::var("OTEL_SERVICE_NAME")
         .ok()
         .filter(|name| !name.trim().is_empty());

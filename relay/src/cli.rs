@@ -49,9 +49,10 @@ pub struct Cli {
     /// PostgreSQL). A relay mostly waits on Users, so few are enough.
     #[arg(long, env = "RELAY_DB_MAX_CONNECTIONS", default_value_t = 4, global = true, value_parser = clap::value_parser!(u32).range(1..))]
     pub db_max_connections: u32,
-    /// How long `done` rows are kept (`relay purge`, and `relay run` on its schedule). Keep
-    /// it as long as you may want to `relay replay` or inspect a delivery; Users' inbox must
-    /// keep keys longer than the relays retry them, not this.
+    /// How long `done` rows are kept (`relay purge`, and `relay run` on its schedule), and the
+    /// client keys of changes that changed nothing. Keep it as long as you may want to
+    /// `relay replay` or inspect a delivery; Users' inbox must keep keys longer than the
+    /// relays retry them, not this.
     #[arg(long, env = "RELAY_RETAIN_DONE", default_value = "7d", value_parser = humantime::parse_duration, global = true)]
     pub retain_done: std::time::Duration,
     /// Log lines as `text` or `json` (JSON lines carry `trace_id` as a field).
@@ -74,7 +75,8 @@ pub enum Command {
     /// result), one block per row, oldest first.
     Show(ShowArgs),
     /// Delete `done` rows older than --retain-done now, in small batches (never a row in any
-    /// other status); prints `purged=N`.
+    /// other status), and the kept keys of changes that changed nothing; prints `purged=N`,
+    /// rows and keys together.
     Purge,
     /// Check that the two databases agree, asking Users through its API: every done row's
     /// result is its student's link, every linked user exists, points back and mirrors its

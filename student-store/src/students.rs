@@ -525,28 +525,31 @@ async fn unchanged(
     ))
 }
 
-/// The change a caller's UpdateStudent or DeactivateStudent key decided, if any: its
+/// What a caller's UpdateStudent or DeactivateStudent key decided: each record of it, its
 /// student and the fingerprint of the request. A change's key lives on its outbox row, the
-/// key of one that changed nothing in `unchanged_keys`.
+/// key of one that changed nothing in `unchanged_keys`; empty when the key decided nothing.
 ///
-/// (The two are separate unique indexes, so two different requests racing with one key
-/// could each be kept, the one that changed nothing beside the other. It changed nothing,
-/// so nothing was done twice; a later retry finds the outbox row first.)
-pub async fn find_change_by_client_key(
+/// Usually one record, but the two are separate unique indexes, so a key can be found in
+/// both: sent by two different requests racing, or first by a change that changed nothing
+/// and then by a CreateStudent (whose outbox row carries its key, and which does not read
+/// `unchanged_keys`). Each call did its one operation once; a retry is recognised by any
+/// record that matches it.
+pub async fn find_changes_by_client_key(
     db: &DatabaseConnection,
     client_key: &str,
-) -> Result<Option<(Uuid, Option<String>)>, DbErr> {
-    let changed = outbox::Entity::find()
+) -> Result<Vec<(Uuid, Option<String>)>, DbErr> {
+    let mut records: Vec<(Uuid, Option<String>)> = outbox::Entity::find()
         .filter(outbox::Column::ClientKey.eq(client_key))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|row| (row.aggregate_id, row.request_hash))
+        .collect();
+    let unchanged = unchanged_keys::Entity::find_by_id(client_key)
         .one(db)
         .await?;
-    if let Some(row) = changed {
-        return Ok(Some((row.aggregate_id, row.request_hash)));
-    }
-    Ok(unchanged_keys::Entity::find_by_id(client_key)
-        .one(db)
-        .await?
-        .map(|key| (key.student_id, Some(key.request_hash))))
+    records.extend(unchanged.map(|key| (key.student_id, Some(key.request_hash))));
+    Ok(records)
 }
 
 /// Deletes the keys of changes that changed nothing kept longer than `retention` (`relay

@@ -108,7 +108,7 @@ async fn replay_client_key(
     };
     let Some(view) = store::find_by_client_key(db, key).await? else {
         // The key of an UpdateStudent or DeactivateStudent is another request.
-        if store::find_change_by_client_key(db, key).await?.is_some() {
+        if !store::find_changes_by_client_key(db, key).await?.is_empty() {
             return Err(Error::KeyReused);
         }
         return Ok(None);
@@ -162,10 +162,19 @@ pub async fn change_student(
         }
         Ok(ChangeOutcome::Unchanged(view)) => Ok(view),
         Err(ChangeError::NotFound(id)) => Err(Error::NotFound(id)),
+        // A copy of this very call (a client's retry after a timeout) may have held the
+        // student's lock first and committed: then the version it moved the student to,
+        // or its deactivation, is this call's own answer, not a rule broken.
         Err(ChangeError::VersionMismatch { expected, current }) => {
-            Err(Error::VersionMismatch { expected, current })
+            match replay_change_key(db, &change, &request_hash).await? {
+                Some(view) => Ok(view),
+                None => Err(Error::VersionMismatch { expected, current }),
+            }
         }
-        Err(ChangeError::Inactive) => Err(Error::Inactive),
+        Err(ChangeError::Inactive) => match replay_change_key(db, &change, &request_hash).await? {
+            Some(view) => Ok(view),
+            None => Err(Error::Inactive),
+        },
         Err(ChangeError::Db(err)) if is_unique_violation(&err) => {
             // Only the client key can collide: a concurrent request with it committed
             // first. The same request gets its answer; another one, KeyReused.
@@ -186,11 +195,15 @@ async fn replay_change_key(
     let Some(key) = &change.client_key else {
         return Ok(None);
     };
-    if let Some((student_id, stored_hash)) = store::find_change_by_client_key(db, key).await? {
-        if student_id != change.id || stored_hash.as_deref() != Some(request_hash) {
-            return Err(Error::KeyReused);
-        }
-        return get_student(db, student_id).await.map(Some);
+    let records = store::find_changes_by_client_key(db, key).await?;
+    let this_change = |(student_id, stored_hash): &(Uuid, Option<String>)| {
+        *student_id == change.id && stored_hash.as_deref() == Some(request_hash)
+    };
+    if records.iter().any(this_change) {
+        return get_student(db, change.id).await.map(Some);
+    }
+    if !records.is_empty() {
+        return Err(Error::KeyReused);
     }
     // The key of a CreateStudent is another request.
     if store::find_by_client_key(db, key).await?.is_some() {

@@ -911,6 +911,13 @@ async fn no_email_or_document_number_reaches_any_log(backend: Backend) {
     stack.terminate_all(Duration::from_secs(15));
 
     let logs = stack.all_logs() + &cli_output;
+    // The filter took: a filter that does not parse falls back to `info`, and would leave
+    // every level below it unlooked at.
+    assert!(
+        logs.lines()
+            .any(|line| line.contains(" DEBUG ") || line.contains(" TRACE ")),
+        "the crates logged below info"
+    );
     assert!(
         logs.contains("p***@example.edu") && logs.contains("***77"),
         "the masked values were logged (and captured)"

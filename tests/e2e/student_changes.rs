@@ -26,6 +26,7 @@ on_both_backends!(
     an_update_commits_the_new_version_with_one_update_user_row,
     a_change_that_changes_nothing_writes_nothing,
     a_keyed_change_that_changes_nothing_keeps_its_key,
+    racing_copies_of_one_keyed_change_all_get_its_answer,
     a_stale_expected_version_is_aborted_and_writes_nothing,
     an_expected_version_ahead_of_the_student_is_aborted_too,
     concurrent_changes_of_one_student_are_each_applied_in_turn,
@@ -309,6 +310,23 @@ async fn a_keyed_change_that_changes_nothing_keeps_its_key(backend: Backend) {
         (now.first_name.as_str(), now.version, now.active),
         ("Renamed", 2, true)
     );
+    // CreateStudent finds keys through its own insert's unique index, which holds no kept
+    // key: it creates its student. Then the key has two records, and the first call's
+    // retry is still recognised by its own.
+    client
+        .create_student(CreateStudentRequest {
+            idempotency_key: same.idempotency_key.clone(),
+            ..student_request(2)
+        })
+        .await
+        .expect("created: not refused");
+    let still = client
+        .update_student(same.clone())
+        .await
+        .expect("still a retry")
+        .into_inner();
+    assert_eq!((still.first_name.as_str(), still.version), ("Renamed", 2));
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (2, 3));
 
     // Deactivating an inactive student changes nothing either, and keeps its key too.
     client
@@ -336,6 +354,46 @@ async fn a_keyed_change_that_changes_nothing_keeps_its_key(backend: Backend) {
         reason(&status),
         (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED".into())
     );
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (2, 4));
+}
+
+/// README ("Errors a program can read"): copies of one keyed change sent at once (a client
+/// retrying a call that timed out while the first is still running) all get that change's
+/// answer. Each copy finds no record of its key before it waits for the student's lock; the
+/// first commits, and the others, finding the student moved past their `expected_version`
+/// (or already inactive), are answered from the key, not refused `VERSION_MISMATCH`.
+async fn racing_copies_of_one_keyed_change_all_get_its_answer(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let student = create(&app, 1).await;
+    let rename = UpdateStudentRequest {
+        idempotency_key: Some("rename-race".into()),
+        expected_version: 1,
+        ..update(&student, "Renamed")
+    };
+    let renames = futures::future::join_all((0..8).map(|_| {
+        let (mut client, rename) = (app.student.clone(), rename.clone());
+        async move { client.update_student(rename).await }
+    }))
+    .await;
+    for answer in renames {
+        let answer = answer.expect("each copy answered").into_inner();
+        assert_eq!((answer.first_name.as_str(), answer.version), ("Renamed", 2));
+    }
+    let off = DeactivateStudentRequest {
+        idempotency_key: Some("off-race".into()),
+        ..deactivate(&student)
+    };
+    let deactivations = futures::future::join_all((0..8).map(|_| {
+        let (mut client, off) = (app.student.clone(), off.clone());
+        async move { client.deactivate_student(off).await }
+    }))
+    .await;
+    for answer in deactivations {
+        let answer = answer.expect("each copy answered").into_inner();
+        assert_eq!((answer.version, answer.active), (3, false));
+    }
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 3));
 }
 

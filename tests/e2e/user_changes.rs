@@ -550,7 +550,9 @@ async fn racing_first_deliveries_of_one_change_key_apply_it_once(backend: Backen
 /// the one before it left it (the user row is locked for the judging), so every round
 /// leaves the user at its newest version with its names, whatever order the commits took.
 /// (Judged against what each read before the others committed, every one would apply, and
-/// the last to commit would win: on PostgreSQL, most rounds then end elsewhere.)
+/// the last to commit would win: on PostgreSQL, most rounds then end elsewhere. SQLite's
+/// one write lock serialises the changes whatever the code does, so there this test shows
+/// the outcome, and only PostgreSQL tells whether the user row is locked.)
 async fn racing_changes_of_one_user_leave_it_at_the_newest_version(backend: Backend) {
     const ROUNDS: u64 = 5;
     const PER_ROUND: u64 = 39;
