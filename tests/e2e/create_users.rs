@@ -28,6 +28,7 @@ on_both_backends!(
     a_call_of_exactly_100_items_creates_every_user,
     replay_only_calls_never_create,
     two_racing_calls_with_the_same_keys_create_each_user_once,
+    a_call_mixing_known_keys_with_new_ones_answers_each_in_its_place,
 );
 
 /// A valid CreateUser request, the `n`th of a set: its own key, student, e-mail and
@@ -353,4 +354,52 @@ async fn two_racing_calls_with_the_same_keys_create_each_user_once(backend: Back
         assert_eq!(here, there, "round {round}");
     }
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (50, 50));
+}
+
+/// The call a relay sends after it died between Users' commit and its own finalize: some
+/// keys Users has executed, some new. The new ones are written together, and every answer
+/// lands in its own item's place (the relay links each row to the user in its row's
+/// place): the known key its saved user, replayed; each new key a user made of its own
+/// item. Known keys first, then in the middle.
+async fn a_call_mixing_known_keys_with_new_ones_answers_each_in_its_place(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let known = app
+        .users
+        .clone()
+        .create_user(user(0))
+        .await
+        .expect("created alone")
+        .into_inner()
+        .user_id;
+    let known = Uuid::parse_str(&known).expect("uuid");
+    let mut ids = vec![known];
+    for (n, places) in [(1, [0, 1, 2]), (2, [3, 1, 4])] {
+        let results = send(&app, call(places.map(user))).await;
+        assert_eq!(results.len(), 3, "call {n}");
+        for (place, n_user) in places.into_iter().enumerate() {
+            let (id, replayed) = created(&results[place]);
+            let is_known = n_user < ids.len();
+            assert_eq!(replayed, is_known, "call {n}, item {place}");
+            if is_known {
+                assert_eq!(id, ids[n_user], "call {n}, item {place}: its saved user");
+            } else {
+                let stored = stored_user(&app.users_db, id).await;
+                let sent = user(n_user);
+                assert_eq!(
+                    (stored.email, stored.student_id.to_string()),
+                    (sent.email, sent.student_id),
+                    "call {n}, item {place}: a user made of its own item"
+                );
+            }
+        }
+        // The new users of this call, in the order their items came.
+        for (place, n_user) in places.into_iter().enumerate() {
+            if n_user >= ids.len() {
+                ids.push(created(&results[place]).0);
+            }
+        }
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (5, 5));
 }
