@@ -40,6 +40,7 @@ on_both_backends!(
     concurrent_claims_never_hand_out_one_row_twice,
     an_expired_lease_passes_to_another_relay_and_the_late_one_changes_nothing,
     a_late_finalize_changes_nothing_once_its_claim_is_gone,
+    a_late_answer_under_an_old_key_changes_nothing_though_its_relay_holds_the_row_again,
     a_group_commit_records_each_row_as_it_would_alone,
     a_claim_takes_no_more_rows_than_free_call_slots,
     the_delivery_loop_refills_free_call_slots_together_and_never_overfills_them,
@@ -561,6 +562,92 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
         (OutboxStatus::Done, Some(user.to_string()), None)
     );
     assert!(!unlinked(&by_b).await);
+}
+
+/// The key is part of every fence: a row failed, re-keyed (`retry-failed --new-key`) and
+/// claimed again by the same relay is held by the same relay at the same attempt as its
+/// old claim (attempts start again at 0), so only the key tells the old claim's late answer
+/// from the new one's. That answer, recorded alone or in a batch beside a row it does hold,
+/// changes nothing: the row stays `processing` under its new key, its student unlinked.
+async fn a_late_answer_under_an_old_key_changes_nothing_though_its_relay_holds_the_row_again(
+    backend: Backend,
+) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..2).await;
+    let db = &app.student_db;
+    let lease = Duration::from_secs(60);
+    let old = store::claim_batch(db, "relay-c", 1, lease)
+        .await
+        .expect("claim")
+        .remove(0);
+    assert!(
+        store::record_failure(
+            db,
+            &old,
+            "relay-c",
+            FailureKind::Exhausted,
+            &Problem::new("UNAVAILABLE", "gave up")
+        )
+        .await
+        .expect("fail")
+    );
+    let failed = rows(&app).await.remove(0);
+    assert!(
+        store::redrive(db, &failed, "a-fresh-key")
+            .await
+            .expect("redrive")
+    );
+    let claimed = store::claim_batch(db, "relay-c", 2, lease)
+        .await
+        .expect("claim");
+    let (again, other) = (&claimed[0], &claimed[1]);
+    assert_eq!(again.id, old.id);
+    assert_eq!(
+        (again.locked_by.as_deref(), again.attempts),
+        (old.locked_by.as_deref(), old.attempts),
+        "only the key tells the claims apart"
+    );
+    let late = || store::Delivered::UserCreated(uuid::Uuid::now_v7());
+
+    let alone = store::record_delivery(db, &old, "relay-c", late()).await;
+    assert!(
+        matches!(alone, Err(store::RecordError::ClaimLost(id)) if id == old.id),
+        "{alone:?}"
+    );
+    let problem = Problem::new("LATE", "late");
+    assert!(
+        !store::record_failure(db, &old, "relay-c", FailureKind::Rejected, &problem)
+            .await
+            .expect("fail")
+    );
+    assert!(
+        !store::record_retry(db, &old, "relay-c", &problem, Duration::ZERO)
+            .await
+            .expect("retry")
+    );
+    let batch = store::record_deliveries(
+        db,
+        "relay-c",
+        &[(old.clone(), late()), (other.clone(), late())],
+    )
+    .await
+    .expect("batch");
+    assert!(
+        matches!(batch.results[..], [Err(store::RecordError::ClaimLost(id)), Ok(())] if id == old.id),
+        "{:?}",
+        batch.results
+    );
+    let now = rows(&app).await;
+    assert_eq!(&now[0], again, "held under its new key, untouched");
+    assert_eq!(now[1].status, OutboxStatus::Done, "the row it does hold");
+    let student = students::Entity::find_by_id(old.aggregate_id)
+        .one(db)
+        .await
+        .expect("student")
+        .expect("exists");
+    assert_eq!(student.user_id, None);
 }
 
 /// The relay records answered rows many to a transaction (`record_deliveries`): each row

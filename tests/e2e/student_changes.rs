@@ -27,6 +27,7 @@ on_both_backends!(
     a_change_that_changes_nothing_writes_nothing,
     a_keyed_change_that_changes_nothing_keeps_its_key,
     racing_copies_of_one_keyed_change_all_get_its_answer,
+    changes_recorded_together_refuse_the_one_whose_student_lost_its_link,
     a_stale_expected_version_is_aborted_and_writes_nothing,
     an_expected_version_ahead_of_the_student_is_aborted_too,
     concurrent_changes_of_one_student_are_each_applied_in_turn,
@@ -869,4 +870,76 @@ async fn invalid_change_fields_are_named_and_nothing_is_stored(backend: Backend)
     );
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 1));
     assert_eq!(get(&app, &student.id).await.version, 1);
+}
+
+/// The relay records answered rows many to a transaction: a change answered for a student
+/// that lost its link meanwhile is refused there as alone (`NOT_LINKED`: a changed user is
+/// taken only by the student linked to it), and only that row, its student untouched; the
+/// change beside it is recorded.
+async fn changes_recorded_together_refuse_the_one_whose_student_lost_its_link(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let students = [create(&app, 1).await, create(&app, 2).await];
+    drain(&app).await;
+    let mut users = Vec::new();
+    for student in &students {
+        let linked = get(&app, &student.id).await;
+        users.push(Uuid::parse_str(&linked.user_id).expect("linked"));
+        app.student
+            .clone()
+            .update_student(update(student, "Renamed"))
+            .await
+            .expect("updated");
+    }
+    let lost = Uuid::parse_str(&students[1].id).expect("uuid");
+    student_store::entity::students::Entity::update_many()
+        .col_expr(
+            student_store::entity::students::Column::UserId,
+            Expr::value(Option::<Uuid>::None),
+        )
+        .filter(student_store::entity::students::Column::Id.eq(lost))
+        .exec(&app.student_db)
+        .await
+        .expect("unlinked by hand");
+    let claimed = student_store::outbox::claim_batch(
+        &app.student_db,
+        "relay-a",
+        2,
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let deliveries: Vec<_> = claimed
+        .iter()
+        .zip(&users)
+        .map(|(row, user)| {
+            (
+                row.clone(),
+                student_store::outbox::Delivered::UserChanged(*user),
+            )
+        })
+        .collect();
+    let recorded =
+        student_store::outbox::record_deliveries(&app.student_db, "relay-a", &deliveries)
+            .await
+            .expect("batch");
+    assert!(
+        matches!(
+            recorded.results[..],
+            [Ok(()), Err(student_store::outbox::RecordError::NotLinked { student_id, .. })]
+                if student_id == lost
+        ),
+        "{:?}",
+        recorded.results
+    );
+    let refused = rows_of(&app, &students[1].id).await.remove(1);
+    assert_eq!(refused, claimed[1], "the refused row is left as it was");
+    let now = get(&app, &students[1].id).await;
+    assert_eq!(
+        (now.user_id.as_str(), now.version, now.synced_version),
+        ("", 2, 1)
+    );
+    assert_eq!(get(&app, &students[0].id).await.synced_version, 2);
 }
