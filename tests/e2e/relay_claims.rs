@@ -1129,6 +1129,85 @@ fn the_pgbench_link_script_claims_with_the_relays_own_statement() {
 /// connections (`relay::open_when_ready`, set up by `outbox::CLAIMING_SESSION`) claim by
 /// walking `outbox_claimable` in id order. A connection without that setting planned a
 /// bitmap scan and a sort of every due row there (BENCHMARKS-JOURNAL.md, "A brand-new outbox").
+/// PostgreSQL records a batch of answers in one statement, which locks the rows it finds
+/// held by the relay's claims before it judges them (`FOR UPDATE OF outbox`): a claim by
+/// another relay that commits while the statement waits for a row is seen, and that row's
+/// answer is refused (`ClaimLost`), the other relay's claim untouched. (Judged on the
+/// statement's snapshot instead, the row would be marked `done` over the other claim.)
+/// The other claim is written by hand in a transaction held open until the batch waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_sees_a_claim_that_commits_while_it_waits_for_the_row() {
+    use sea_orm::TransactionTrait as _;
+
+    let Some(app) = spawn_app(Backend::Postgres).await else {
+        return;
+    };
+    create_students(&app, 0..2).await;
+    let db = app.student_db.clone();
+    let claimed = store::claim_batch(&db, "relay-a", 2, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let taken = claimed[1].id;
+    let other = db.begin().await.expect("a second connection");
+    other
+        .execute_unprepared(&format!(
+            "UPDATE outbox SET locked_by = 'relay-b', attempts = attempts + 1 WHERE id = {taken}"
+        ))
+        .await
+        .expect("claimed by relay-b, not yet committed");
+    let deliveries: Vec<_> = claimed
+        .iter()
+        .map(|row| {
+            (
+                row.clone(),
+                store::Delivered::UserCreated(uuid::Uuid::now_v7()),
+            )
+        })
+        .collect();
+    let batch = tokio::spawn({
+        let db = db.clone();
+        async move { store::record_deliveries(&db, "relay-a", &deliveries).await }
+    });
+    eventually(
+        "the batch to wait for the row",
+        Duration::from_secs(10),
+        || async {
+            let waiting = db
+                .query_one_raw(sea_orm::Statement::from_string(
+                    sea_orm::DbBackend::Postgres,
+                    "SELECT count(*) AS waiting FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND query LIKE '%WITH answered%'",
+                ))
+                .await
+                .expect("read")
+                .and_then(|row| row.try_get::<i64>("", "waiting").ok())
+                .unwrap_or(0);
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    other.commit().await.expect("relay-b's claim committed");
+    let recorded = batch.await.expect("joined").expect("batch");
+    assert!(
+        matches!(recorded.results[..], [Ok(()), Err(store::RecordError::ClaimLost(id))] if id == taken),
+        "{:?}",
+        recorded.results
+    );
+    let now = rows(&app).await;
+    assert_eq!(now[0].status, OutboxStatus::Done);
+    assert_eq!(
+        (now[1].status, now[1].locked_by.as_deref(), now[1].attempts),
+        (
+            OutboxStatus::Processing,
+            Some("relay-b"),
+            claimed[1].attempts + 1
+        ),
+        "relay-b's claim untouched"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_new_outbox_the_relays_claim_walks_the_index_in_id_order() {
     let Some(app) = spawn_app(Backend::Postgres).await else {
