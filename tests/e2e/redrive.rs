@@ -286,6 +286,7 @@ async fn exhaust_an_update_users_applied(stack: &mut Stack) -> (String, outbox::
 
 /// `retry-failed --all --new-key` asks Users about the old key first: it was executed, so
 /// the row is recorded as synced, not re-keyed (a new key would apply the update twice).
+/// `--link-user` is refused for a change row first.
 async fn an_exhausted_update_users_applied_is_recorded_as_synced_and_the_next_change_follows(
     backend: Backend,
 ) {
@@ -293,6 +294,37 @@ async fn an_exhausted_update_users_applied_is_recorded_as_synced_and_the_next_ch
         return;
     };
     let (id, failed, user_id) = exhaust_an_update_users_applied(&mut stack).await;
+    // `--link-user` links a user to a create-user row only: a change row "linked" to the
+    // student's own user would be recorded done with its change never applied (a
+    // deactivation lost, its login left working). Refused, nothing changed.
+    let (code, stdout) = retry_failed_exit(
+        &stack,
+        &[
+            "--id",
+            &failed.id.to_string(),
+            "--link-user",
+            &user_id.to_string(),
+        ],
+    );
+    assert_eq!(
+        (code, stdout),
+        (
+            Some(2),
+            format!(
+                "id={} key={} not linked: only a create-user row links a user; a change \
+                 takes --new-key\nrequeued=0 linked=0 skipped=0 errors=1\n",
+                failed.id, failed.idempotency_key
+            )
+        )
+    );
+    assert_eq!(
+        stack
+            .outbox_rows()
+            .await
+            .into_iter()
+            .find(|row| row.id == failed.id),
+        Some(failed.clone())
+    );
     let stdout = retry_failed(&stack, &["--all", "--new-key"]);
     assert_eq!(
         stdout,

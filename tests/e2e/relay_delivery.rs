@@ -35,6 +35,7 @@ use crate::{
 
 on_both_backends!(
     one_batch_links_every_pending_student,
+    status_counts_as_blocked_only_the_rows_behind_a_failed_row_of_their_student,
     a_student_linked_to_another_user_fails_its_row_as_a_link_conflict,
     a_missing_student_fails_its_row_and_holds_back_no_one,
     a_change_of_a_student_linked_to_no_user_is_not_sent,
@@ -1082,6 +1083,49 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
             )
         );
     }
+
+    // A key Users does not hold (here a row's key swapped for one never executed, as after
+    // a Users restore from an older backup): that row's line is an error, and the run
+    // says so in its count and exit code (2), never "all agree".
+    outbox::Entity::update_many()
+        .col_expr(outbox::Column::IdempotencyKey, Expr::value("never-ran"))
+        .filter(outbox::Column::Id.eq(rows[0].id))
+        .exec(&app.student_db)
+        .await
+        .expect("key swapped");
+    let mut out = Vec::new();
+    let summary = replay::replay(
+        &app.student_db,
+        &relay.users,
+        &replay::Selection::All,
+        &mut out,
+    )
+    .await
+    .expect("replay");
+    assert_eq!(
+        (
+            summary.replayed,
+            summary.matched,
+            summary.errors,
+            summary.exit_code()
+        ),
+        (3, 2, 1, 2)
+    );
+    let out = String::from_utf8(out).expect("utf-8");
+    assert!(
+        out.lines()
+            .next()
+            .is_some_and(|line| line.starts_with(&format!(
+                "key=never-ran effect=create-user student={} error=",
+                rows[0].aggregate_id
+            ))),
+        "{out}"
+    );
+    assert_eq!(
+        users_and_inbox_rows(&app.users_db).await,
+        (3, 3),
+        "nothing created"
+    );
 }
 
 async fn status_counts_rows_per_status(backend: Backend) {
@@ -1092,17 +1136,40 @@ async fn status_counts_rows_per_status(backend: Backend) {
     assert_eq!(report, relay::status::OutboxReport::default());
 
     create_students(&app, 2).await;
+    // The oldest row is the one with the lowest id, written an hour ago here.
+    let first = outbox::Entity::find()
+        .order_by_asc(outbox::Column::Id)
+        .one(&app.student_db)
+        .await
+        .expect("read")
+        .expect("a row");
+    outbox::Entity::update_many()
+        .col_expr(
+            outbox::Column::CreatedAt,
+            Expr::value(chrono::Utc::now() - chrono::TimeDelta::hours(1)),
+        )
+        .filter(outbox::Column::Id.eq(first.id))
+        .exec(&app.student_db)
+        .await
+        .expect("dated back");
     let report = relay::status::read(&app.student_db).await.expect("status");
     assert_eq!(
         (
             report.pending,
             report.processing,
             report.done,
-            report.failed
+            report.failed,
+            report.retrying,
+            report.blocked
         ),
-        (2, 0, 0, 0)
+        (2, 0, 0, 0, 0, 0),
+        "fresh rows are neither retrying nor blocked"
     );
-    assert!(report.oldest_pending_age_seconds <= 5);
+    assert!(
+        (3_600..3_660).contains(&report.oldest_pending_age_seconds),
+        "{}",
+        report.oldest_pending_age_seconds
+    );
 
     app.relay().deliver_batch().await.expect("batch");
     let report = relay::status::read(&app.student_db).await.expect("status");
@@ -1139,6 +1206,76 @@ async fn status_counts_rows_per_status(backend: Backend) {
         Backend::Sqlite => 5,
     };
     assert_eq!(estimated, frozen_estimate);
+}
+
+/// `relay status`'s `blocked` (and the `OutboxRowsBlocked` alert's gauge) counts the rows
+/// waiting behind a failed row of their own student, nothing else: not a student's later
+/// changes queued behind its own pending row, nor other students' rows. Student Y's
+/// creation failed and its rename waits behind it; student X has its creation and two
+/// renames queued.
+async fn status_counts_as_blocked_only_the_rows_behind_a_failed_row_of_their_student(
+    backend: Backend,
+) {
+    use proto::student::v1::UpdateStudentRequest;
+
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    let rename = |id: &str, n: usize, first_name: &str| {
+        let request = student_request(n);
+        UpdateStudentRequest {
+            id: id.to_owned(),
+            first_name: first_name.to_owned(),
+            last_name: request.last_name,
+            email: request.email,
+            idempotency_key: None,
+            expected_version: 0,
+        }
+    };
+    let y = create_students_from(&app, 0..1).await.remove(0);
+    let claimed = student_store::outbox::claim_batch(
+        &app.student_db,
+        "relay-test",
+        1,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("claim")
+    .remove(0);
+    assert!(
+        student_store::outbox::record_failure(
+            &app.student_db,
+            &claimed,
+            "relay-test",
+            FailureKind::Rejected,
+            &student_store::outbox::Problem::new("DOCUMENT_NUMBER_TAKEN", "taken"),
+        )
+        .await
+        .expect("failed")
+    );
+    let mut student = app.student.clone();
+    student
+        .update_student(rename(&y, 0, "Renamed"))
+        .await
+        .expect("Y renamed");
+    let x = create_students_from(&app, 1..2).await.remove(0);
+    for first_name in ["Once", "Twice"] {
+        student
+            .update_student(rename(&x, 1, first_name))
+            .await
+            .expect("X renamed");
+    }
+    let report = relay::status::read(&app.student_db).await.expect("status");
+    assert_eq!(
+        (
+            report.pending,
+            report.processing,
+            report.failed,
+            report.blocked,
+            report.retrying
+        ),
+        (3, 0, 1, 1, 0)
+    );
 }
 
 /// A relay upgraded before Users: its many-row call is refused as unknown, and it sends the
