@@ -172,7 +172,8 @@ async fn restoring_the_users_db_by_the_day_two_routine_gives_each_student_its_us
 /// linked one; the linked user belongs to another student in Users; the create-user row
 /// that would create the user again was purged. And the resend's own transaction refuses
 /// (`Changed`) when the student's link, its recorded version or its delivered rows are no
-/// longer what it was judged on, as when the student changed while it was judged. A Users
+/// longer what it was judged on, as when the student changed while it was judged, and
+/// (`Busy`) when a row of the student waits to be delivered. A Users
 /// that does not answer is no verdict: exit 2, naming it, for one student and for all.
 async fn resend_refuses_what_would_make_a_second_user_and_changes_nothing(backend: Backend) {
     let Some(mut stack) = Stack::start(backend).await else {
@@ -294,6 +295,27 @@ async fn resend_refuses_what_would_make_a_second_user_and_changes_nothing(backen
             "{judged_on:?} {ids:?}"
         );
     }
+    // And `Busy` when a row of the student waits (a change queued, or a redrive since it
+    // was judged): checked inside the transaction once the student's row is locked, since
+    // a row already waiting would reach Users ahead of the ones going back.
+    let set_status = |status: OutboxStatus| {
+        outbox::Entity::update_many()
+            .col_expr(outbox::Column::Status, Expr::value(status))
+            .filter(outbox::Column::Id.eq(row.id))
+            .exec(&stack.student_db)
+    };
+    set_status(OutboxStatus::Pending).await.expect("waiting");
+    let resent = student_store::resend::resend(
+        &stack.student_db,
+        student_id(3),
+        (link(3), 1),
+        student_store::resend::Lost::User,
+        &[row.id],
+    )
+    .await
+    .expect("resend");
+    assert_eq!(resent, student_store::resend::Resent::Busy);
+    set_status(OutboxStatus::Done).await.expect("as it was");
 
     // Users not answering: no verdict, an error (exit 2), for one student and for all.
     stack.kill_users();
