@@ -509,21 +509,7 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
 
     // Failed meanwhile: a late finalize cannot turn a failed row done.
     create_students(&app, 1..2).await;
-    let by_c = store::claim_batch(db, "relay-c", 1, Duration::from_secs(60))
-        .await
-        .expect("claim")
-        .remove(0);
-    assert!(
-        store::record_failure(
-            db,
-            &by_c,
-            "relay-c",
-            FailureKind::Exhausted,
-            &Problem::new("UNAVAILABLE", "gave up")
-        )
-        .await
-        .expect("fail")
-    );
+    let by_c = claim_and_exhaust(db, "relay-c").await;
     let failed = rows(&app).await.remove(1);
     let late = store::record_delivery(db, &by_c, "relay-c", created).await;
     assert!(
@@ -564,6 +550,22 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
     assert!(!unlinked(&by_b).await);
 }
 
+/// Claims the oldest due row for `relay` and fails it `exhausted`, as a relay that ran out
+/// of attempts does; returns the claim it failed.
+async fn claim_and_exhaust(db: &sea_orm::DatabaseConnection, relay: &str) -> outbox::Model {
+    let claim = store::claim_batch(db, relay, 1, Duration::from_secs(60))
+        .await
+        .expect("claim")
+        .remove(0);
+    let gave_up = Problem::new("UNAVAILABLE", "gave up");
+    assert!(
+        store::record_failure(db, &claim, relay, FailureKind::Exhausted, &gave_up)
+            .await
+            .expect("fail")
+    );
+    claim
+}
+
 /// The key is part of every fence: a row failed, re-keyed (`retry-failed --new-key`) and
 /// claimed again by the same relay is held by the same relay at the same attempt as its
 /// old claim (attempts start again at 0), so only the key tells the old claim's late answer
@@ -578,21 +580,7 @@ async fn a_late_answer_under_an_old_key_changes_nothing_though_its_relay_holds_t
     create_students(&app, 0..2).await;
     let db = &app.student_db;
     let lease = Duration::from_secs(60);
-    let old = store::claim_batch(db, "relay-c", 1, lease)
-        .await
-        .expect("claim")
-        .remove(0);
-    assert!(
-        store::record_failure(
-            db,
-            &old,
-            "relay-c",
-            FailureKind::Exhausted,
-            &Problem::new("UNAVAILABLE", "gave up")
-        )
-        .await
-        .expect("fail")
-    );
+    let old = claim_and_exhaust(db, "relay-c").await;
     let failed = rows(&app).await.remove(0);
     assert!(
         store::redrive(db, &failed, "a-fresh-key")
