@@ -151,39 +151,32 @@ pub async fn change_student(
         at: now(),
         traceparent: trace.to_string(),
     };
-    match store::change(db, bell, request).await {
+    let refused = match store::change(db, bell, request).await {
         Ok(ChangeOutcome::Changed(view)) => {
             tracing::info!(
                 version = view.student.version,
                 active = view.student.active,
                 "student changed with pending effect"
             );
-            Ok(view)
+            return Ok(view);
         }
-        Ok(ChangeOutcome::Unchanged(view)) => Ok(view),
-        Err(ChangeError::NotFound(id)) => Err(Error::NotFound(id)),
-        // A copy of this very call (a client's retry after a timeout) may have held the
-        // student's lock first and committed: then the version it moved the student to,
-        // or its deactivation, is this call's own answer, not a rule broken.
+        Ok(ChangeOutcome::Unchanged(view)) => return Ok(view),
+        Err(ChangeError::NotFound(id)) => return Err(Error::NotFound(id)),
+        Err(ChangeError::Db(err)) if !is_unique_violation(&err) => return Err(err.into()),
         Err(ChangeError::VersionMismatch { expected, current }) => {
-            match replay_change_key(db, &change, &request_hash).await? {
-                Some(view) => Ok(view),
-                None => Err(Error::VersionMismatch { expected, current }),
-            }
+            Error::VersionMismatch { expected, current }
         }
-        Err(ChangeError::Inactive) => match replay_change_key(db, &change, &request_hash).await? {
-            Some(view) => Ok(view),
-            None => Err(Error::Inactive),
-        },
-        Err(ChangeError::Db(err)) if is_unique_violation(&err) => {
-            // Only the client key can collide: a concurrent request with it committed
-            // first. The same request gets its answer; another one, KeyReused.
-            replay_change_key(db, &change, &request_hash)
-                .await?
-                .ok_or(Error::Db(err))
-        }
-        Err(ChangeError::Db(err)) => Err(err.into()),
-    }
+        Err(ChangeError::Inactive) => Error::Inactive,
+        Err(ChangeError::Db(err)) => Error::Db(err),
+    };
+    // Each of these refusals may be this call's own key at work. A unique violation: only
+    // the client key can collide, a concurrent request with it committed first. A student
+    // moved past `expected_version`, or inactive: a copy of this very call (a client's
+    // retry after a timeout) may have held the student's lock first and committed. The
+    // same request gets its answer; another one, KeyReused; none, the refusal.
+    replay_change_key(db, &change, &request_hash)
+        .await?
+        .ok_or(refused)
 }
 
 /// Answers a retried change from what its key already did, if anything.
