@@ -1,10 +1,11 @@
-//! What both retention purges share: deleting old rows in small batches, on a schedule,
+//! What the retention purges share: deleting old rows in small batches, on a schedule,
 //! and the relay's default retry window, which Users' inbox must outlive.
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sea_orm::{
-    ColumnTrait, DbBackend,
+    ColumnTrait, DatabaseConnection, DbBackend, DbErr, DeleteMany, EntityTrait,
     sea_query::{Expr, SelectStatement},
 };
 use tokio_util::sync::CancellationToken;
@@ -34,6 +35,24 @@ where
             return Ok(purged);
         }
     }
+}
+
+/// Deletes what `batch` finds older than `retention` (`batch(backend, horizon, limit)`:
+/// one purge's statement, deleting at most `limit` rows made before `horizon`), batch
+/// after batch as [`purge_all`] does; returns how many rows were deleted. The horizon is
+/// read once, from [`crate::db::now`].
+pub async fn purge_older_than<E: EntityTrait>(
+    db: &DatabaseConnection,
+    retention: Duration,
+    batch: fn(DbBackend, DateTime<Utc>, u64) -> DeleteMany<E>,
+) -> Result<u64, DbErr> {
+    let horizon = crate::db::now() - retention;
+    let backend = db.get_database_backend();
+    purge_all(|limit| async move {
+        let deleted = batch(backend, horizon, limit).exec(db).await?;
+        Ok(deleted.rows_affected)
+    })
+    .await
 }
 
 /// The condition that limits a batch's `DELETE` to the rows `oldest` selects by `key` (the

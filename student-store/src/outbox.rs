@@ -719,13 +719,7 @@ async fn date_held_back_keys_now(
 /// On PostgreSQL a batch skips rows another purge has locked, so relays purging at once
 /// never wait on each other.
 pub async fn purge_done(db: &DatabaseConnection, retention: Duration) -> Result<u64, DbErr> {
-    let horizon = now() - retention;
-    let backend = db.get_database_backend();
-    platform::retention::purge_all(|batch| async move {
-        let deleted = purge_done_batch(backend, horizon, batch).exec(db).await?;
-        Ok(deleted.rows_affected)
-    })
-    .await
+    platform::retention::purge_older_than(db, retention, purge_done_batch).await
 }
 
 /// One batch of [`purge_done`]: the `batch` oldest `done` rows finished before `horizon`.

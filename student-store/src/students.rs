@@ -559,15 +559,7 @@ pub async fn purge_unchanged_keys(
     db: &DatabaseConnection,
     retention: std::time::Duration,
 ) -> Result<u64, DbErr> {
-    let horizon = platform::db::now() - retention;
-    let backend = db.get_database_backend();
-    platform::retention::purge_all(|batch| async move {
-        let deleted = purge_unchanged_keys_batch(backend, horizon, batch)
-            .exec(db)
-            .await?;
-        Ok(deleted.rows_affected)
-    })
-    .await
+    platform::retention::purge_older_than(db, retention, purge_unchanged_keys_batch).await
 }
 
 /// One batch of [`purge_unchanged_keys`]: the `batch` oldest keys kept since before

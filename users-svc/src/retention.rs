@@ -9,10 +9,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use platform::{
-    db::now,
-    retention::{batch_of, purge_all},
-};
+use platform::retention::{batch_of, purge_older_than};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, DbErr, DeleteMany, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, QueryTrait,
@@ -22,13 +19,7 @@ use crate::entity::inbox;
 
 /// Deletes every inbox entry older than `retention`; returns how many.
 pub async fn purge_expired(db: &DatabaseConnection, retention: Duration) -> Result<u64, DbErr> {
-    let horizon = now() - retention;
-    let backend = db.get_database_backend();
-    purge_all(|batch| async move {
-        let deleted = purge_batch(backend, horizon, batch).exec(db).await?;
-        Ok(deleted.rows_affected)
-    })
-    .await
+    purge_older_than(db, retention, purge_batch).await
 }
 
 /// One batch of [`purge_expired`]: the `batch` oldest entries made before `horizon`, found
