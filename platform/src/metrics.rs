@@ -67,8 +67,7 @@ pub async fn serve(
         axum::routing::get(move || {
             let render = render.clone();
             async move {
-                // The log writer counts for itself; its count is read at each scrape.
-                metrics::counter!(LOG_LINES_DROPPED).absolute(crate::telemetry::dropped_lines());
+                show_dropped_lines(crate::telemetry::dropped_lines());
                 render.render()
             }
         }),
@@ -82,6 +81,12 @@ pub async fn serve(
             tracing::error!(error = %err, "metrics endpoint failed");
         }
     }))
+}
+
+/// The log writer counts for itself; each scrape shows its running count as the counter's
+/// value (never adds it again: `increase()` would then never fall back to 0).
+fn show_dropped_lines(dropped: u64) {
+    metrics::counter!(LOG_LINES_DROPPED).absolute(dropped);
 }
 
 /// Starts the metrics endpoint when an address is given.
@@ -299,6 +304,19 @@ impl http_body::Body for ObservedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Scrapes show the writer's running count, however many there are between drops.
+    #[test]
+    fn each_scrape_shows_the_dropped_lines_counted_so_far() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            for dropped in [0, 5, 5, 5, 7] {
+                show_dropped_lines(dropped);
+            }
+        });
+        let text = recorder.handle().render();
+        assert!(text.contains("\nlog_lines_dropped_total 7\n"), "{text}");
+    }
 
     #[test]
     fn paths_split_into_service_and_method() {

@@ -137,9 +137,35 @@ mod tests {
     use super::*;
 
     #[test]
+    /// Every code by its number, as gRPC's status-codes document names it (the alerts
+    /// match these names, so a misspelt one would go unseen by `ServiceErrors`).
     fn code_names_are_the_canonical_ones() {
-        assert_eq!(code_name(Code::AlreadyExists), "ALREADY_EXISTS");
-        assert_eq!(code_name(Code::Unavailable), "UNAVAILABLE");
+        let canonical = [
+            "OK",
+            "CANCELLED",
+            "UNKNOWN",
+            "INVALID_ARGUMENT",
+            "DEADLINE_EXCEEDED",
+            "NOT_FOUND",
+            "ALREADY_EXISTS",
+            "PERMISSION_DENIED",
+            "RESOURCE_EXHAUSTED",
+            "FAILED_PRECONDITION",
+            "ABORTED",
+            "OUT_OF_RANGE",
+            "UNIMPLEMENTED",
+            "INTERNAL",
+            "UNAVAILABLE",
+            "DATA_LOSS",
+            "UNAUTHENTICATED",
+        ];
+        for (number, name) in canonical.into_iter().enumerate() {
+            assert_eq!(
+                code_name(Code::from_i32(number as i32)),
+                name,
+                "code {number}"
+            );
+        }
     }
 
     #[test]

@@ -260,6 +260,23 @@ mod tests {
             // Users' rule lets them through: it stores what Student sends.
             assert_eq!(reason(name("first_name", bad)), "ok", "{bad:?}");
         }
+        // Every character of the ranges (each bidirectional embedding, override and
+        // isolate, each invisible operator), not only the ones above.
+        let ranges = [
+            ('\u{200E}', '\u{200F}'),
+            ('\u{202A}', '\u{202E}'),
+            ('\u{2060}', '\u{2064}'),
+            ('\u{2066}', '\u{206F}'),
+            ('\u{FFF9}', '\u{FFFB}'),
+        ];
+        for c in ranges.into_iter().flat_map(|(first, last)| first..=last) {
+            let bad = format!("Ana{c}x");
+            assert_eq!(
+                reason(student_name("first_name", &bad)),
+                INVISIBLE,
+                "{bad:?}"
+            );
+        }
         // Persian and Devanagari names written with a non-joiner and a joiner.
         for good in [
             "مهرداد\u{200C}الله",

@@ -192,12 +192,14 @@ async fn each_item_gets_the_answer_create_user_would_give_it_alone(backend: Back
     assert_eq!(results.len(), 6);
     let (fresh_0, replayed) = created(&results[0]);
     assert!(!replayed);
-    let (code, _, message, _) = refused(&results[1]);
+    // A refusal that is no saved answer says so: `replayed` only for answers from the inbox.
+    let (code, _, message, replayed) = refused(&results[1]);
     assert_eq!(
-        (code, message.as_str()),
+        (code, message.as_str(), replayed),
         (
             Code::InvalidArgument,
-            "invalid email: must be an e-mail address like name@example.org"
+            "invalid email: must be an e-mail address like name@example.org",
+            false
         )
     );
     let (code, reason, _, replayed) = refused(&results[2]);
@@ -206,10 +208,10 @@ async fn each_item_gets_the_answer_create_user_would_give_it_alone(backend: Back
         (Code::AlreadyExists, "DOCUMENT_NUMBER_TAKEN", false)
     );
     let (fresh_4, _) = created(&results[3]);
-    let (code, reason, _, _) = refused(&results[4]);
+    let (code, reason, _, replayed) = refused(&results[4]);
     assert_eq!(
-        (code, reason.as_str()),
-        (Code::FailedPrecondition, "DELIVERY_EXPIRED")
+        (code, reason.as_str(), replayed),
+        (Code::FailedPrecondition, "DELIVERY_EXPIRED", false)
     );
     let (fresh_6, _) = created(&results[5]);
     assert_eq!(
@@ -225,10 +227,10 @@ async fn each_item_gets_the_answer_create_user_would_give_it_alone(backend: Back
     // A key reused with another request: refused; a known key in the same call: answered
     // from the inbox.
     let results = send(&app, call([reused, taker])).await;
-    let (code, reason, _, _) = refused(&results[0]);
+    let (code, reason, _, replayed) = refused(&results[0]);
     assert_eq!(
-        (code, reason.as_str()),
-        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED")
+        (code, reason.as_str(), replayed),
+        (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED", false)
     );
     assert_eq!(
         created(&results[1]),
@@ -326,8 +328,11 @@ async fn replay_only_calls_never_create(backend: Backend) {
         .into_inner()
         .results;
     assert_eq!(created(&results[0]), (known, true));
-    let (code, reason, _, _) = refused(&results[1]);
-    assert_eq!((code, reason.as_str()), (Code::NotFound, "NOT_IN_INBOX"));
+    let (code, reason, _, replayed) = refused(&results[1]);
+    assert_eq!(
+        (code, reason.as_str(), replayed),
+        (Code::NotFound, "NOT_IN_INBOX", false)
+    );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
 }
 

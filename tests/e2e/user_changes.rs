@@ -258,6 +258,20 @@ async fn change_keys_follow_the_inbox_rules(backend: Backend) {
     for (request, field) in [
         (update("", "Second", 2), "idempotency_key"),
         (update("k", "", 2), "first_name"),
+        (
+            UpdateUserRequest {
+                last_name: "P\u{0}rez".into(),
+                ..update("k", "Second", 2)
+            },
+            "last_name",
+        ),
+        (
+            UpdateUserRequest {
+                email: "ana@".into(),
+                ..update("k", "Second", 2)
+            },
+            "email",
+        ),
         (update("k", "Second", 1), "source_version"),
         (
             UpdateUserRequest {

@@ -40,6 +40,7 @@ on_both_backends!(
     list_users_pages_default_to_50_and_hold_500_at_most,
     a_key_issued_before_the_inbox_horizon_is_answered_if_known_and_refused_if_not,
     a_malformed_key_time_is_refused_naming_it,
+    the_scheduled_purge_deletes_only_keys_older_than_the_retention,
 );
 
 /// `message` under metadata `idempotency-key-created-at: issued_at`.
@@ -418,6 +419,17 @@ async fn replay_only_request_never_creates(backend: Backend) {
         .expect_err("unknown key");
     assert_eq!(status.code(), Code::NotFound);
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+    // The header's value is read without regard to case, as HTTP headers' often are: a
+    // client writing `TRUE` asked for a replay too, and must never create.
+    for value in ["TRUE", "True"] {
+        let mut request = Request::new(request("unknown"));
+        request
+            .metadata_mut()
+            .insert("idempotency-replay-only", MetadataValue::from_static(value));
+        let status = users.create_user(request).await.expect_err(value);
+        assert_eq!(status.code(), Code::NotFound, "{value}");
+    }
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
 
     let created = users
         .create_user(request("known"))
@@ -771,6 +783,13 @@ async fn list_users_without_a_student_pages_through_every_user(backend: Backend)
         .expect("a page")
         .into_inner();
     assert_eq!((all.users.len(), all.next_page_token.as_str()), (5, ""));
+    // A page the users left exactly fill is the last one: no token to an empty page.
+    let exact = users
+        .list_users(page(5, ""))
+        .await
+        .expect("a page")
+        .into_inner();
+    assert_eq!((exact.users.len(), exact.next_page_token.as_str()), (5, ""));
 
     for (request, field, message) in [
         (
@@ -1001,4 +1020,73 @@ async fn a_change_whose_commit_failed_is_not_remembered(backend: Backend) {
         ("Renamed", 2)
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
+}
+
+/// The server's own purge, run every `purge_interval`, deletes by `--inbox-retention`: a
+/// key past it goes, a key younger than it stays however many purges run (were it
+/// deleted, its late delivery would create a second user).
+async fn the_scheduled_purge_deletes_only_keys_older_than_the_retention(backend: Backend) {
+    let options = AppOptions {
+        inbox: users_svc::InboxSettings {
+            retention: std::time::Duration::from_secs(3600),
+            purge_interval: std::time::Duration::from_millis(100),
+            ..users_svc::InboxSettings::default()
+        },
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app_with(backend, options).await else {
+        return;
+    };
+    let mut users = app.users.clone();
+    let mut ids = Vec::new();
+    for (n, key) in ["young", "old"].into_iter().enumerate() {
+        let created = users
+            .create_user(CreateUserRequest {
+                document_number: format!("DOC-{n}"),
+                ..request(key)
+            })
+            .await
+            .expect("created");
+        ids.push(created.into_inner().user_id);
+    }
+    // `young` made a minute ago: older than many purge intervals, well inside the
+    // retention; `old` two hours ago, past it.
+    for (key, made) in [
+        ("young", chrono::Utc::now() - chrono::TimeDelta::minutes(1)),
+        ("old", chrono::Utc::now() - chrono::TimeDelta::hours(2)),
+    ] {
+        inbox::Entity::update_many()
+            .col_expr(inbox::Column::CreatedAt, Expr::value(made))
+            .filter(inbox::Column::IdempotencyKey.eq(key))
+            .exec(&app.users_db)
+            .await
+            .expect("date the key");
+    }
+    // A purge ran once `old` is gone.
+    crate::support::eventually(
+        "the purge deletes the old key",
+        std::time::Duration::from_secs(30),
+        || async {
+            (inbox::Entity::find_by_id("old")
+                .one(&app.users_db)
+                .await
+                .expect("read the inbox")
+                .is_none())
+            .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 1));
+    // Its late delivery, at a replica that never saw it, is answered from the table.
+    let again = app
+        .users_replica()
+        .await
+        .create_user(CreateUserRequest {
+            document_number: "DOC-0".into(),
+            ..request("young")
+        })
+        .await
+        .expect("answered");
+    assert_eq!(again.into_inner().user_id, ids[0]);
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (2, 1));
 }
