@@ -830,11 +830,13 @@ async fn invalid_change_fields_are_named_and_nothing_is_stored(backend: Backend)
     let student = create(&app, 1).await;
     let mut client = app.student.clone();
     type Spoil = fn(&mut UpdateStudentRequest);
-    let cases: [(Spoil, &str); 6] = [
+    let cases: [(Spoil, &str); 7] = [
         (|r| r.id = "nope".into(), "id"),
         (|r| r.first_name = String::new(), "first_name"),
         (|r| r.first_name = "Ana\u{2067}".into(), "first_name"),
         (|r| r.last_name = " Pérez".into(), "last_name"),
+        // Student's rule for names, not only Users' looser one, on the last name too.
+        (|r| r.last_name = "Pérez\u{202E}".into(), "last_name"),
         (|r| r.email = "no-at-sign".into(), "email"),
         (
             |r| r.idempotency_key = Some("bad key".into()),

@@ -1,7 +1,8 @@
 //! student-svc through its gRPC surface: a student and its outbox row are one commit.
 
 use proto::student::v1::{
-    CreateStudentRequest, GetStudentRequest, ListStudentsRequest, UserLinkStatus,
+    CreateStudentRequest, DeactivateStudentRequest, GetStudentRequest, ListStudentsRequest,
+    UpdateStudentRequest, UserLinkStatus,
 };
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, sea_query::Expr};
 use student_store::effect::{CREATE_USER, CreateUserPayload};
@@ -21,7 +22,7 @@ use crate::{
         Backend,
         app::{AppOptions, spawn_app_with},
         assert_key_reused, insert_unlinked_students,
-        invariants::{students_and_outbox_rows, users_and_inbox_rows},
+        invariants::{stored_user, students_and_outbox_rows, users_and_inbox_rows},
         pgbench, spawn_app, student_request,
     },
 };
@@ -187,6 +188,27 @@ async fn direct_mode_answers_a_retry_from_its_key_before_calling_users(backend: 
         .expect("created through Users")
         .into_inner();
     assert_eq!(first.user_link_status(), UserLinkStatus::Linked);
+    // Users applied version 1 before the student was saved: synced from the start.
+    assert_eq!((first.version, first.synced_version), (1, 1));
+    // The user mirrors the request, field by field.
+    let request = keyed(1, "enrol-1");
+    let user = stored_user(&app.users_db, first.user_id.parse().expect("a user id")).await;
+    assert_eq!(
+        (
+            user.student_id.to_string(),
+            user.first_name,
+            user.last_name,
+            user.email,
+            user.document_number
+        ),
+        (
+            first.id.clone(),
+            request.first_name,
+            request.last_name,
+            request.email,
+            request.document_number
+        )
+    );
     let again = student
         .create_student(keyed(1, "enrol-1"))
         .await
@@ -202,6 +224,38 @@ async fn direct_mode_answers_a_retry_from_its_key_before_calling_users(backend: 
     assert_key_reused(&status);
     assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 0));
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 1));
+
+    // A change sent with the CreateStudent's key is another request, refused, though no
+    // outbox row holds the key here (the student itself does).
+    let rename = UpdateStudentRequest {
+        id: first.id.clone(),
+        first_name: "Ana-Luz".into(),
+        last_name: first.last_name.clone(),
+        email: first.email.clone(),
+        idempotency_key: Some("enrol-1".into()),
+        expected_version: 0,
+    };
+    let status = student
+        .update_student(rename)
+        .await
+        .expect_err("key reused");
+    assert_key_reused(&status);
+    let deactivate = DeactivateStudentRequest {
+        id: first.id.clone(),
+        idempotency_key: Some("enrol-1".into()),
+    };
+    let status = student
+        .deactivate_student(deactivate)
+        .await
+        .expect_err("key reused");
+    assert_key_reused(&status);
+    assert_eq!(students_and_outbox_rows(&app.student_db).await, (1, 0));
+    let stored = student
+        .get_student(GetStudentRequest { id: first.id })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!((stored.version, stored.active), (1, true));
 }
 
 async fn a_second_student_with_the_same_document_number_is_rejected(backend: Backend) {
@@ -611,6 +665,24 @@ async fn a_group_of_students_commits_together_or_each_on_its_own(backend: Backen
     );
     assert_eq!(six.expect("created").student.document_number, "D-6");
     assert_eq!(students_and_outbox_rows(db).await, (5, 5));
+
+    // An error with no answer from the database (here: its connections are gone) may
+    // hide a commit, so it is every student's answer: written again one by one, a group
+    // that did commit would tell its callers their own document numbers were taken.
+    let gone = platform::db::connect(&app.databases.student_url)
+        .await
+        .expect("connect");
+    gone.clone().close().await.expect("close");
+    let (path, outcomes) = create_each(&gone, &bell, vec![new_row(7), new_row(8)]).await;
+    assert_eq!(path, CommitPath::Together);
+    assert_eq!(outcomes.len(), 2);
+    for outcome in outcomes {
+        assert!(
+            outcome.is_err_and(|err| !platform::db::is_database_error(&err)),
+            "no answer from the database"
+        );
+    }
+    assert_eq!(students_and_outbox_rows(db).await, (5, 5));
 }
 
 /// A new student's rows, distinct for each `n`.
@@ -737,4 +809,23 @@ async fn list_students_pages_default_to_50_and_hold_500_at_most(backend: Backend
     let rest = page(1000, &capped.next_page_token).await;
     assert_eq!(rest.students.len(), 1);
     assert!(rest.next_page_token.is_empty());
+    // No create-user row and no user (students from before the outbox): their link is
+    // unknown, never PENDING, which would promise a user no relay will create.
+    for listed in capped.students.iter().chain(&rest.students) {
+        assert_eq!(
+            (listed.user_link_status(), listed.user_id.as_str()),
+            (UserLinkStatus::Unspecified, ""),
+            "{listed:?}"
+        );
+    }
+    let one = app
+        .student
+        .clone()
+        .get_student(GetStudentRequest {
+            id: rest.students[0].id.clone(),
+        })
+        .await
+        .expect("found")
+        .into_inner();
+    assert_eq!(one.user_link_status(), UserLinkStatus::Unspecified);
 }
