@@ -62,8 +62,12 @@ impl CallBudget {
     /// Users shed a call: halve the calls in flight, unless they were just cut. Returns the
     /// new limit when it was cut.
     pub fn shed(&self) -> Option<usize> {
+        self.shed_at(Instant::now())
+    }
+
+    /// [`CallBudget::shed`] at `now`.
+    fn shed_at(&self, now: Instant) -> Option<usize> {
         let mut state = self.lock();
-        let now = Instant::now();
         if state
             .last_cut
             .is_some_and(|last| now.duration_since(last) < COOLDOWN)
@@ -117,6 +121,19 @@ mod tests {
         assert_eq!(budget.limit(), 64);
         let tiny = CallBudget::new(1);
         assert_eq!(tiny.shed(), Some(1));
+    }
+
+    /// Under a lasting overload the limit keeps halving, once per cooldown: several relays
+    /// shed by one Users get below its limit within a second or so.
+    #[test]
+    fn a_lasting_overload_cuts_again_after_each_cooldown() {
+        let budget = CallBudget::new(64);
+        let start = Instant::now();
+        assert_eq!(budget.shed_at(start), Some(32));
+        assert_eq!(budget.shed_at(start + COOLDOWN / 2), None);
+        assert_eq!(budget.shed_at(start + COOLDOWN), Some(16));
+        assert_eq!(budget.shed_at(start + COOLDOWN * 2), Some(8));
+        assert_eq!(COOLDOWN, Duration::from_millis(100), "README says 100 ms");
     }
 
     #[test]

@@ -239,4 +239,22 @@ mod tests {
             );
         }
     }
+
+    /// Counts of zero would break the loop: no rows claimed (and claimed again at once, a
+    /// "full" claim of none), no call slot, or every transient error a failed row.
+    #[test]
+    fn counts_of_zero_are_refused() {
+        use clap::Parser as _;
+        for flag in ["--batch-size", "--concurrency", "--max-attempts"] {
+            let err = crate::cli::Cli::try_parse_from(["relay", "run", flag, "0"])
+                .expect_err("zero refused");
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag}: {err}"
+            );
+            let accepted = crate::cli::Cli::try_parse_from(["relay", "run", flag, "1"]);
+            assert!(accepted.is_ok(), "{flag} 1: {accepted:?}");
+        }
+    }
 }

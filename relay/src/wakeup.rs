@@ -618,6 +618,17 @@ mod tests {
 
     use super::*;
 
+    /// README: a listener that has heard nothing for 30 s checks that it still hears, and
+    /// gives the check 5 s (tests use shorter ones of their own).
+    #[test]
+    fn a_listener_checks_after_30_s_of_quiet_and_waits_5_s_for_its_check() {
+        let liveness = Liveness::default();
+        assert_eq!(
+            (liveness.quiet, liveness.answer_within),
+            (Duration::from_secs(30), Duration::from_secs(5))
+        );
+    }
+
     /// A student written now, as student-svc writes one: with its pending create-user row.
     fn new_student() -> students::NewStudentRow {
         students::NewStudentRow {

@@ -760,6 +760,19 @@ async fn with_two_users_of_the_student_the_link_is_never_a_guess(backend: Backen
         (again.first_name.as_str(), again.source_version),
         ("Again", 3)
     );
+
+    // Deactivating the student disables its linked user, which the relay names in
+    // DisableUser as in UpdateUser; the student's first user is left as it was.
+    let first = stored_user(&stack.users_db, created.id).await;
+    assert_eq!(stack.deactivate_student(&student_id).await, 4);
+    stack.wait_until_all_synced(1).await;
+    let disabled = stored_user(&stack.users_db, second).await;
+    assert_eq!((disabled.enabled, disabled.source_version), (false, 4));
+    assert_eq!(
+        stored_user(&stack.users_db, created.id).await,
+        first,
+        "the first user is not the linked one"
+    );
 }
 
 /// The worst luck, Users purged the key, and then Users was set to keep keys longer (as

@@ -1,6 +1,10 @@
 //! Claims, leases, attempts and shutdown, driven through the relay's library.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use relay::{
     RunConfig, retry_failed,
@@ -44,6 +48,7 @@ on_both_backends!(
     a_group_commit_records_each_row_as_it_would_alone,
     a_claim_takes_no_more_rows_than_free_call_slots,
     the_delivery_loop_refills_free_call_slots_together_and_never_overfills_them,
+    rows_sent_many_to_a_call_each_take_a_slot,
     a_full_claim_claims_again_at_once,
     after_a_claim_its_connection_commits_durably_again,
     a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing,
@@ -906,6 +911,81 @@ async fn the_delivery_loop_refills_free_call_slots_together_and_never_overfills_
     running.abort();
 }
 
+/// README: "`--concurrency` counts rows in flight", not calls: with CreateUsers calls of
+/// four rows, eight slots hold two calls. Twenty rows wait, nothing wakes the relay but a
+/// 300 s poll, and Users answers only the calls the test lets through: eight rows are
+/// claimed; one call answered frees four slots, and four more rows are claimed, never the
+/// rest. (Counting calls, the relay would claim all twenty at once.)
+async fn rows_sent_many_to_a_call_each_take_a_slot(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..20).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let users = scripted_users(
+        &app,
+        Script {
+            create_users_gate: Some(gate.clone()),
+            ..Script::default()
+        },
+    )
+    .await;
+    let relay = app.relay_with(
+        &users.url,
+        RunConfig {
+            batch_size: 64,
+            concurrency: 8,
+            rows_per_call: 4,
+            poll_interval: Duration::from_secs(300),
+            call_timeout: Duration::from_secs(60),
+            lease: Duration::from_secs(120),
+            ..test_tuning()
+        },
+    );
+    let running = tokio::spawn(async move {
+        relay
+            .run(Wakeup::poll_only(), CancellationToken::new())
+            .await;
+    });
+    // (done, leased, never leased) rows.
+    let counts = |rows: &[outbox::Model]| {
+        let count = |status, leased: bool| {
+            rows.iter()
+                .filter(|row| row.status == status && (row.attempts > 0) == leased)
+                .count()
+        };
+        (
+            count(OutboxStatus::Done, true),
+            count(OutboxStatus::Processing, true),
+            count(OutboxStatus::Pending, false),
+        )
+    };
+    eventually(
+        "both calls of the first claim",
+        Duration::from_secs(20),
+        || async { (users.create_users_calls.load(Ordering::SeqCst) >= 2).then_some(()) },
+    )
+    .await;
+    gate.add_permits(1);
+    let refilled = eventually(
+        "one call answered and its four slots refilled",
+        Duration::from_secs(20),
+        || async {
+            let rows = rows(&app).await;
+            let (done, _, _) = counts(&rows);
+            let ever_leased = rows.iter().filter(|row| row.attempts > 0).count();
+            (done == 4 && ever_leased >= 12).then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(
+        counts(&refilled),
+        (4, 8, 8),
+        "eight rows in flight, never more"
+    );
+    running.abort();
+}
+
 /// A claim commits without waiting for the disk on PostgreSQL, and for its own transaction
 /// only: the connection that ran it goes back to the pool and may carry a finalize next,
 /// which must reach the disk before it is acknowledged. (SQLite claims as it commits
@@ -1537,8 +1617,12 @@ async fn a_commit_wakes_an_idle_relay(backend: Backend, wake_relays: WakeRelays)
     )
     .await;
     assert_eq!(delivered, 3, "two create-user rows and one update-user row");
+    // An idle relay hears its stop at once, not at its next poll (300 s away).
     shutdown.cancel();
-    running.await.expect("relay task");
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the idle relay stops when told, not at its next poll")
+        .expect("relay task");
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 2).await;
 }
 

@@ -1475,6 +1475,7 @@ async fn a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back(backen
     )
     .await;
     let when_told = calls();
+    let told = clock_of_the_rows(&app).await;
     running.tell_to_stop();
     running.stopped().await;
     assert_eq!(
@@ -1487,6 +1488,12 @@ async fn a_stopping_relay_sends_no_shed_call_again_and_hands_its_row_back(backen
         (row.status, row.attempts, row.locked_by),
         (OutboxStatus::Pending, 0, None),
         "back, its attempt handed back"
+    );
+    // Due after the wait Users asked for (1 s), not at once to a Users shedding load.
+    assert!(
+        row.available_at >= told + chrono::TimeDelta::seconds(1),
+        "{} due before {told} + 1 s",
+        row.available_at
     );
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
 }
