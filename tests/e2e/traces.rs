@@ -91,6 +91,33 @@ async fn rows_sent_together_are_each_judged_under_their_own_trace(backend: Backe
             "judged under {trace_id}: {line}"
         );
     }
+
+    // The same in JSON lines: each item's line carries its row's trace id, and its
+    // innermost span, not the call's.
+    stack.kill_relays();
+    stack
+        .restart_users_with(None, &["--log-format", "json"])
+        .await;
+    let mut traces = Vec::new();
+    for n in 2..4 {
+        traces.push(create_traced(&stack.student_client(), n).await.0);
+    }
+    stack.start_relay_sending_together();
+    stack.wait_until_all_linked(4).await;
+    let users_log = stack
+        .wait_for_log_lines("users-svc", "user created", 4)
+        .await;
+    for trace_id in &traces {
+        let created: Vec<_> = users_log
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["trace_id"] == trace_id.as_str())
+            .filter(|line| line["message"] == "user created")
+            .collect();
+        assert_eq!(created.len(), 1, "{trace_id}:\n{users_log}");
+        assert_eq!(created[0]["span"], "item", "{}", created[0]);
+        assert_eq!(created[0]["batch"], 2, "sent together: {}", created[0]);
+    }
 }
 
 /// The baseline is measured and debugged like the design: `--link-mode direct` calls Users
@@ -1307,7 +1334,7 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
     let certificate = certificate.to_string_lossy();
     // What is wrong, the variables that say it, and what the error must name.
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 9] = [
+    let cases: [Case; 11] = [
         (
             "a CA file that is not there",
             &[
@@ -1355,6 +1382,21 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
             "an endpoint that is no URL",
             &[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")],
             "not a url",
+        ),
+        (
+            // The traces-only variable alone names a collector too.
+            "a traces endpoint that is no URL",
+            &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "not a traces url")],
+            "not a traces url",
+        ),
+        (
+            // And it wins over the general one.
+            "a traces endpoint that is no URL, beside a general one that is",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "not a traces url"),
+            ],
+            "not a traces url",
         ),
         (
             "a protocol not built in",
