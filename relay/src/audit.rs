@@ -469,6 +469,89 @@ mod tests {
         );
     }
 
+    /// A rename committed after the page was read, and applied by Users before the audit
+    /// asked it, is no problem: the second look judges the user against the student's
+    /// version and fields as they are now, not the page's.
+    #[tokio::test]
+    async fn a_change_committed_after_the_page_was_read_is_no_problem() {
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
+        use student_store::{entity::students, students::NewStudentRow, wake::RelayBell};
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("student.db").display()
+        );
+        let db = migrations::open::<migrations::student::Migrator>(&url, 1)
+            .await
+            .expect("schema");
+        let at_1 = state(1);
+        let id = Uuid::now_v7();
+        student_store::students::create(
+            &db,
+            &RelayBell::silent(),
+            NewStudentRow {
+                id,
+                first_name: at_1.first_name.clone(),
+                last_name: at_1.last_name.clone(),
+                email: at_1.email.clone(),
+                document_number: "DOC-1".into(),
+                client_key: None,
+                request_hash: "hash".into(),
+                created_at: platform::db::now(),
+                traceparent: String::new(),
+            },
+        )
+        .await
+        .expect("created");
+        let link = Uuid::from_u128(7);
+        // The page, read at version 1 (linked, synced).
+        let page = AuditedStudent {
+            id,
+            user_id: Some(link),
+            done: Vec::new(),
+            state: at_1,
+        };
+        // Then the rename to version 2 commits, and Users applies it.
+        students::Entity::update_many()
+            .col_expr(students::Column::FirstName, Expr::value("Eva"))
+            .col_expr(students::Column::Version, Expr::value(2))
+            .filter(students::Column::Id.eq(id))
+            .exec(&db)
+            .await
+            .expect("rename");
+        let at_2 = StudentState {
+            first_name: "Eva".into(),
+            ..state(2)
+        };
+        let held = HashMap::from([(
+            id,
+            Held {
+                users: vec![(link, true)],
+                linked_owner: None,
+                linked: Some(mirror(&at_2, 2)),
+            },
+        )]);
+        assert_eq!(
+            mirror_problem(&db, &page, &held).await.expect("judged"),
+            None
+        );
+        // A user really ahead of the student (now too) is reported.
+        let ahead = HashMap::from([(
+            id,
+            Held {
+                users: vec![(link, true)],
+                linked_owner: None,
+                linked: Some(mirror(&at_2, 3)),
+            },
+        )]);
+        let problem = mirror_problem(&db, &page, &ahead).await.expect("judged");
+        assert!(
+            problem.is_some_and(|line| line.contains("ahead of the student's version 2")),
+            "judged against the version now"
+        );
+    }
+
     #[test]
     fn each_disagreement_is_one_problem() {
         let (user, other) = (Uuid::from_u128(7), Uuid::from_u128(8));
