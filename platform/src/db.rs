@@ -183,6 +183,16 @@ fn busy_pause(waited: Duration) -> Option<Duration> {
     (waited < SQLITE_BUSY_TIMEOUT).then_some(SQLITE_BUSY_PAUSE)
 }
 
+/// When the current wait for the write lock began: now at a statement's first try
+/// (`tries` 0), else at that first try, so that the busy timeout counts from it.
+fn wait_began(tries: c_int, now: Instant, first_try: Option<Instant>) -> Instant {
+    if tries == 0 {
+        now
+    } else {
+        first_try.unwrap_or(now)
+    }
+}
+
 /// Every SQLite connection's busy handler: while another connection holds the one write
 /// lock, try again every millisecond, for up to the busy timeout.
 ///
@@ -203,10 +213,9 @@ extern "C" fn wait_for_the_write_lock(_: *mut c_void, tries: c_int) -> c_int {
     let now = Instant::now();
     let since = WAITING_SINCE
         .try_with(|since| {
-            if tries == 0 {
-                since.set(Some(now));
-            }
-            since.get().unwrap_or(now)
+            let began = wait_began(tries, now, since.get());
+            since.set(Some(began));
+            began
         })
         .unwrap_or(now);
     match busy_pause(now.saturating_duration_since(since)) {
@@ -407,6 +416,36 @@ mod tests {
         assert_eq!(busy_pause(Duration::ZERO), Some(pause));
         assert_eq!(busy_pause(Duration::from_millis(9_999)), Some(pause));
         assert_eq!(busy_pause(SQLITE_BUSY_TIMEOUT), None);
+    }
+
+    /// The timeout counts from a statement's first try, not its latest: a writer behind a
+    /// lock that is never freed gives up (SQLITE_BUSY, answered DATABASE_BUSY) instead of
+    /// waiting forever; the next statement's wait starts afresh.
+    #[test]
+    fn a_writers_wait_is_timed_from_its_first_try() {
+        let first = Instant::now();
+        let later = first + SQLITE_BUSY_TIMEOUT;
+        assert_eq!(wait_began(0, first, None), first);
+        assert_eq!(wait_began(9_000, later, Some(first)), first);
+        assert_eq!(
+            busy_pause(later.duration_since(wait_began(9_000, later, Some(first)))),
+            None,
+            "spent"
+        );
+        assert_eq!(wait_began(0, later, Some(first)), later);
+    }
+
+    /// README: timestamps have microsecond precision, no finer (what both backends keep)
+    /// and no coarser (link latencies are measured from them).
+    #[test]
+    fn now_keeps_microseconds() {
+        use chrono::Timelike as _;
+        let samples: Vec<_> = (0..2_000).map(|_| now()).collect();
+        assert!(samples.iter().all(|at| at.nanosecond() % 1_000 == 0));
+        assert!(
+            samples.iter().any(|at| at.nanosecond() % 1_000_000 != 0),
+            "some sample has microseconds below the millisecond"
+        );
     }
 
     /// README ("Storage notes"): SQLite files are created on first start, with the

@@ -138,6 +138,7 @@ mod tests {
 
     const CREATE: &str = "/users.v1.UsersService/CreateUser";
     const HEALTH: &str = "/grpc.health.v1.Health/Check";
+    const WATCH: &str = "/grpc.health.v1.Health/Watch";
 
     /// What one call answered at once, if it did: its gRPC status (`None` while admitted
     /// and waiting at the route).
@@ -179,6 +180,8 @@ mod tests {
             Some(Duration::from_millis(250))
         );
         let health = admitted(&mut service, HEALTH, "health, with every slot taken");
+        // Watch too: the stream clients' own health checking keeps open.
+        let watch = admitted(&mut service, WATCH, "health's Watch, with every slot taken");
 
         // The second caller goes away: its slot is free. Health takes none of it.
         drop(second);
@@ -196,8 +199,8 @@ mod tests {
         let fourth = admitted(&mut service, CREATE, "in the slot the first freed");
         shed(&mut service, "the limit is taken once more");
 
-        gate.add_permits(4);
-        for answer in [health, other_health, third, fourth] {
+        gate.add_permits(5);
+        for answer in [health, watch, other_health, third, fourth] {
             let response = answer.await.expect("infallible");
             assert!(
                 tonic::Status::from_header_map(response.headers()).is_none(),

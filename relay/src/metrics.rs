@@ -82,7 +82,7 @@ pub fn describe() {
     );
     metrics::describe_gauge!(
         IN_FLIGHT_LIMIT,
-        "Calls to Users this relay may have in flight now: --concurrency, lowered while Users sheds calls"
+        "Rows this relay may have in flight now: --concurrency, lowered while Users sheds calls"
     );
     metrics::describe_gauge!(
         WAKEUPS_LISTENING,

@@ -1870,9 +1870,10 @@ async fn purge_leaves_a_row_in_flight_to_be_delivered_once(backend: Backend) {
 /// README ("Retention": the indexes make both purges and the gauges cheap whatever the
 /// history; "Metrics": `outbox_rows` counts through partial indexes, never the history).
 /// Beside a history of 20,000 `done` rows (statistics gathered), 100 undelivered and 10
-/// failed, 20,000 keys of changes that changed nothing, and 20,000 inbox entries, the plan
-/// of each statement the gauges run, and of a purge batch of each table, finds its rows through the index named for it and scans no
-/// table, nor any index but those partial ones.
+/// failed, 20,000 keys of changes that changed nothing, 20,000 inbox entries and 20,000
+/// users, the plan of each statement the gauges run, of a purge batch of each table, and
+/// of ListUsers by student (`users_student_id_idx`), finds its rows through the index named
+/// for it and scans no table, nor any index but those partial ones.
 async fn purges_and_gauges_find_their_rows_through_indexes_never_the_history(backend: Backend) {
     use platform::retention::PURGE_BATCH;
 
@@ -1910,10 +1911,23 @@ async fn purges_and_gauges_find_their_rows_through_indexes_never_the_history(bac
         "inbox_created_at",
         users_svc::retention::purge_batch(backend, horizon, PURGE_BATCH).build(backend),
     );
+    // Not history, but a table that only grows: ListUsers by student (the audit's and
+    // retry-failed's question, once per student) finds the student's users by index.
+    let users_of_student = (
+        "users of a student",
+        "users_student_id_idx",
+        sea_orm::QueryTrait::build(
+            &users_svc::listing::users_of_student_query(uuid::Uuid::now_v7()),
+            backend,
+        ),
+    );
     let checks = student_statements
         .into_iter()
         .map(|check| (&app.student_db, check))
-        .chain([(&app.users_db, inbox_purge)]);
+        .chain([
+            (&app.users_db, inbox_purge),
+            (&app.users_db, users_of_student),
+        ]);
     let mut wrong = Vec::new();
     for (db, (name, index, statement)) in checks {
         let plan = plan_of(db, statement).await;
@@ -2019,6 +2033,14 @@ async fn write_history(
         ))
         .await
         .expect("inbox rows");
+    users_db
+        .execute_unprepared(&format!(
+            "INSERT INTO users (id, email, first_name, last_name, document_number, student_id, \
+               enabled, created_at, source_version) \
+             SELECT {uuid}, 'a@example.edu', 'A', 'B', 'D' || i, {uuid}, true, {then}, 1 FROM {rows}"
+        ))
+        .await
+        .expect("users");
     for db in [student_db, users_db] {
         db.execute_unprepared("ANALYZE").await.expect("statistics");
     }

@@ -13,7 +13,7 @@ pub mod entity;
 mod error;
 pub mod inbox;
 pub mod inspect;
-mod listing;
+pub mod listing;
 pub mod metrics;
 mod new_user;
 pub mod retention;

@@ -2,6 +2,7 @@
 
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    Select,
 };
 use uuid::Uuid;
 
@@ -13,12 +14,15 @@ pub async fn users_of_student(
     db: &DatabaseConnection,
     student_id: Uuid,
 ) -> Result<Vec<users::Model>, DbErr> {
+    users_of_student_query(student_id).all(db).await
+}
+
+/// The statement of [`users_of_student`] (its plan is checked by a test).
+pub fn users_of_student_query(student_id: Uuid) -> Select<users::Entity> {
     users::Entity::find()
         .filter(users::Column::StudentId.eq(student_id))
         .order_by_asc(users::Column::CreatedAt)
         .order_by_asc(users::Column::Id)
-        .all(db)
-        .await
 }
 
 /// One page of every user, in id order.
