@@ -490,3 +490,34 @@ fn run_pgbench(
         .and_then(|tps| tps.parse().ok())
         .with_context(|| format!("no tps in pgbench's output: {stdout}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where one side falls behind, the slower rate stands as possible, not the faster.
+    #[tokio::test]
+    async fn a_pace_one_side_cannot_keep_is_judged_by_the_slower_side() {
+        let (pace, users, link) = common_pace(1000.0, |pace| async move {
+            Ok((pace.min(1000.0), pace.min(500.0)))
+        })
+        .await
+        .expect("paced");
+        assert!((485.0..=500.0).contains(&pace), "{pace}");
+        assert!(link <= 500.0 && users >= link, "{users} {link}");
+    }
+
+    /// The pgbench Users script writes as many users a transaction as the library
+    /// ceiling and the suite count with (the relay's `--rows-per-call` default).
+    #[test]
+    fn the_pgbench_users_script_writes_users_per_call_a_transaction() {
+        let script = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../bench/pgbench/create_users.sql"),
+        )
+        .expect("the script");
+        let series = format!("generate_series(1, {USERS_PER_CALL})");
+        assert_eq!(script.matches(&series).count(), 2, "{script}");
+        assert_eq!(script.matches("generate_series(").count(), 2, "{script}");
+    }
+}

@@ -195,3 +195,66 @@ pub async fn students_per_commit(
         .await?;
     Ok(row.map(|row| row.try_get::<f64>("", "mean")).transpose()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeDelta;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn row(created_ms: i64, done_ms: i64, at: DateTime<Utc>) -> outbox::Model {
+        outbox::Model {
+            id: created_ms,
+            aggregate_id: Uuid::now_v7(),
+            aggregate_version: 1,
+            effect_type: CREATE_USER.into(),
+            payload: serde_json::json!({}),
+            idempotency_key: format!("k{created_ms}"),
+            status: OutboxStatus::Done,
+            attempts: 1,
+            last_error: None,
+            available_at: at,
+            locked_until: None,
+            locked_by: None,
+            created_at: at + TimeDelta::milliseconds(created_ms),
+            processed_at: Some(at + TimeDelta::milliseconds(done_ms)),
+            result: None,
+            failure_kind: None,
+            error_code: None,
+            client_key: None,
+            request_hash: None,
+            key_created_at: None,
+            traceparent: None,
+        }
+    }
+
+    /// Rows done per second count from the first row written (or from `from`, when the
+    /// relays started on a backlog) to the last one done.
+    #[test]
+    fn links_per_second_run_from_the_first_write_to_the_last_done() {
+        let at = Utc::now();
+        let rows = [
+            row(0, 500, at),
+            row(1_000, 1_500, at),
+            row(2_000, 4_000, at),
+        ];
+        let links = links(&rows, None);
+        assert_eq!(links.rows, 3);
+        assert!(
+            (links.per_second - 0.75).abs() < 1e-9,
+            "{}",
+            links.per_second
+        );
+        assert_eq!(
+            (links.latency.p50_ms, links.latency.max_ms),
+            (500.0, 2_000.0)
+        );
+        let from_a_start = super::links(&rows, Some(at - TimeDelta::seconds(1)));
+        assert!(
+            (from_a_start.per_second - 0.6).abs() < 1e-9,
+            "{}",
+            from_a_start.per_second
+        );
+    }
+}

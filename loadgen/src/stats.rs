@@ -91,3 +91,43 @@ pub fn ratio(numerator: f64, denominator: f64) -> f64 {
         0.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each percentile is the sample at that rank (nearest rank), whatever the order.
+    #[test]
+    fn percentiles_are_read_at_their_rank() {
+        let mut samples: Vec<Duration> = (1..=101).map(Duration::from_millis).collect();
+        samples.reverse();
+        samples.swap(3, 70);
+        let latency = Latency::of(samples);
+        assert_eq!(latency.count, 101);
+        assert_eq!(
+            (
+                latency.p50_ms,
+                latency.p90_ms,
+                latency.p99_ms,
+                latency.max_ms
+            ),
+            (51.0, 91.0, 100.0, 101.0)
+        );
+        let none = Latency::of(Vec::new());
+        assert_eq!((none.count, none.max_ms), (0, 0.0));
+    }
+
+    /// The peak, not what is resident when it is read: costs are read after the load.
+    #[test]
+    fn a_processs_cost_shows_its_peak_memory() {
+        let mut held = vec![0_u8; 256 << 20];
+        for page in held.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        assert_eq!(std::hint::black_box(&held)[4096], 1);
+        drop(held);
+        let cost = ProcessCost::read("self", std::process::id()).expect("/proc of this process");
+        assert!(cost.peak_rss_mb >= 256.0, "{cost:?}");
+        assert!(cost.cpu_seconds > 0.0, "{cost:?}");
+    }
+}

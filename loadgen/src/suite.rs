@@ -398,6 +398,29 @@ pub struct Comparison {
     pub p50_ratio: f64,
 }
 
+impl Comparison {
+    /// The two runs at `in_flight` and their ratios.
+    fn new(in_flight: usize, outbox: runs::ClosedRun, direct: runs::ClosedRun) -> Self {
+        let linked = outbox.links.as_ref().map_or(0.0, |links| links.per_second);
+        Self {
+            in_flight,
+            linked_ratio: ratio(linked, direct.create.per_second),
+            p50_ratio: ratio(outbox.create.latency.p50_ms, direct.create.latency.p50_ms),
+            outbox,
+            direct,
+        }
+    }
+}
+
+/// The most the system sustains end to end in `full` (CreateStudent with a relay): the
+/// lower of its CreateStudent rate and its linked rate. The open-loop runs take their
+/// rates as fractions of it.
+fn maximum(full: &runs::ClosedRun) -> f64 {
+    full.links.as_ref().map_or(full.create.per_second, |links| {
+        links.per_second.min(full.create.per_second)
+    })
+}
+
 /// Outbox, then direct, at each concurrency of `in_flight`, `students` CreateStudents each.
 async fn compare(
     backend: &Backend,
@@ -411,14 +434,7 @@ async fn compare(
         print_closed(&format!("outbox, {in_flight} in flight"), &outbox);
         let direct = runs::closed(backend, env, "direct", 0, students, in_flight).await?;
         print_closed(&format!("direct, {in_flight} in flight"), &direct);
-        let linked = outbox.links.as_ref().map_or(0.0, |links| links.per_second);
-        let comparison = Comparison {
-            in_flight,
-            linked_ratio: ratio(linked, direct.create.per_second),
-            p50_ratio: ratio(outbox.create.latency.p50_ms, direct.create.latency.p50_ms),
-            outbox,
-            direct,
-        };
+        let comparison = Comparison::new(in_flight, outbox, direct);
         println!(
             "  {in_flight} in flight: outbox linked/s ÷ direct completed/s = {:.2}; \
              CreateStudent p50 outbox ÷ direct = {:.2}",
@@ -459,9 +475,7 @@ async fn suite(
 
     let full = runs::closed(backend, env, "outbox", 1, backlog, 32).await?;
     print_closed("full load, 32 in flight, 1 relay", &full);
-    let maximum = full.links.as_ref().map_or(full.create.per_second, |links| {
-        links.per_second.min(full.create.per_second)
-    });
+    let maximum = maximum(&full);
     let mut opens = Vec::new();
     for fraction in [0.25, 0.5] {
         let run = runs::open(
@@ -586,5 +600,54 @@ fn machine() -> Machine {
         cpus,
         cpu: model,
         measured_at: platform::db::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{load::Calls, rows::Links, stats::Latency};
+
+    fn run(create_per_second: f64, p50_ms: f64, linked_per_second: Option<f64>) -> runs::ClosedRun {
+        runs::ClosedRun {
+            link_mode: "outbox".into(),
+            relays: 1,
+            in_flight: 4,
+            create: Calls {
+                calls: 100,
+                errors: 0,
+                seconds: 1.0,
+                per_second: create_per_second,
+                latency: Latency {
+                    p50_ms,
+                    ..Latency::default()
+                },
+            },
+            students_per_commit: None,
+            links: linked_per_second.map(|per_second| Links {
+                rows: 100,
+                latency: Latency::default(),
+                per_second,
+            }),
+            processes: Vec::new(),
+        }
+    }
+
+    /// BENCHMARKS' targets: outbox linked/s ÷ direct completed/s, and CreateStudent p50
+    /// outbox ÷ direct.
+    #[test]
+    fn a_comparison_divides_the_outbox_flow_by_the_direct_one() {
+        let outbox = run(400.0, 2.0, Some(300.0));
+        let direct = run(200.0, 8.0, None);
+        let comparison = Comparison::new(4, outbox, direct);
+        assert_eq!((comparison.linked_ratio, comparison.p50_ratio), (1.5, 0.25));
+    }
+
+    /// The open loops run at fractions of what the system sustains end to end.
+    #[test]
+    fn the_maximum_is_the_slower_of_creating_and_linking() {
+        assert_eq!(maximum(&run(1000.0, 1.0, Some(600.0))), 600.0);
+        assert_eq!(maximum(&run(500.0, 1.0, Some(600.0))), 500.0);
+        assert_eq!(maximum(&run(1000.0, 1.0, None)), 1000.0);
     }
 }
