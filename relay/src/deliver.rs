@@ -4,7 +4,7 @@
 
 use std::{
     sync::{Arc, atomic::AtomicBool},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use futures::StreamExt as _;
@@ -408,7 +408,7 @@ impl Relay {
             }
             let asked = platform::status::retry_after(&status).unwrap_or(self.config.backoff_base);
             let wait = asked.mul_f64(1.0 + fastrand::f64());
-            if Instant::now() + wait + self.config.call_timeout >= lease_ends {
+            if !sent_again_within(Instant::now(), wait, self.config.call_timeout, lease_ends) {
                 return Err(status);
             }
             tracing::debug!(retry_in = ?wait, "call shed by Users; sending it again");
@@ -509,6 +509,18 @@ impl Relay {
     }
 }
 
+/// Whether a shed call sent again after `wait` would end, at its deadline, before its
+/// rows' lease does: the wait counts, or the call could run past the lease while another
+/// relay claims the rows and sends their keys too.
+fn sent_again_within(
+    now: Instant,
+    wait: Duration,
+    call_timeout: Duration,
+    lease_ends: Instant,
+) -> bool {
+    now + wait + call_timeout < lease_ends
+}
+
 /// How a row goes back unsent (see [`Relay::hand_back_unsent`]).
 pub(crate) type HandBack = fn(&outbox_row::Model) -> (Delivery, i64);
 
@@ -572,6 +584,33 @@ fn split_evenly<T>(mut items: Vec<T>, per_call: usize) -> Vec<Vec<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// README: a shed call is sent again after its wait only inside its rows' lease.
+    #[test]
+    fn a_shed_call_is_sent_again_only_if_it_ends_inside_the_lease_after_its_wait() {
+        let now = Instant::now();
+        let lease_ends = now + Duration::from_secs(5);
+        let call = Duration::from_secs(2);
+        assert!(sent_again_within(
+            now,
+            Duration::from_secs(2),
+            call,
+            lease_ends
+        ));
+        // The call alone would fit; after the wait it would not.
+        assert!(!sent_again_within(
+            now,
+            Duration::from_millis(3_500),
+            call,
+            lease_ends
+        ));
+        assert!(!sent_again_within(
+            now,
+            Duration::from_secs(3),
+            call,
+            lease_ends
+        ));
+    }
 
     #[test]
     fn rows_are_split_into_the_fewest_calls_as_evenly_as_they_go() {

@@ -701,6 +701,46 @@ mod tests {
             .expect("woken though the outbox could not be read");
     }
 
+    /// README: the SQLite watcher wakes the relay at most once per 40 ms however often
+    /// commits come, since each claim it causes takes the write lock CreateStudent needs.
+    /// (Slowness can only make fewer wake-ups, never more.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_wake_the_sqlite_relay_at_most_once_per_gap() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("bare.db").display());
+        let db = platform::db::connect(&url).await.expect("connect");
+        sea_orm::ConnectionTrait::execute_unprepared(&db, "CREATE TABLE probe (x INTEGER)")
+            .await
+            .expect("a table");
+        let wakeup = Wakeup::for_database(&url).await;
+        assert!(wakeup.is_listening(), "watching the file");
+        let window = Duration::from_secs(1);
+        let started = std::time::Instant::now();
+        let writer = tokio::spawn(async move {
+            while started.elapsed() < window {
+                sea_orm::ConnectionTrait::execute_unprepared(&db, "INSERT INTO probe VALUES (1)")
+                    .await
+                    .expect("a commit");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        let mut wakes = 0_u128;
+        let _ = tokio::time::timeout(window, async {
+            loop {
+                wakeup.notified().await;
+                wakes += 1;
+            }
+        })
+        .await;
+        let elapsed = started.elapsed();
+        writer.await.expect("the writer");
+        let most = elapsed.as_millis() / SQLITE_MIN_WAKE_GAP.as_millis() + 2;
+        assert!(
+            (3..=most).contains(&wakes),
+            "{wakes} wake-ups in {elapsed:?}, at most {most}"
+        );
+    }
+
     /// A set-up that fails `failures` times, then works.
     fn failing(mut failures: u32) -> impl FnMut() -> std::future::Ready<anyhow::Result<()>> {
         move || {
