@@ -622,9 +622,20 @@ async fn four_rows_in_one_call_to_users_dying_at(backend: Backend, point: &str) 
     let mut stack = Stack::start(backend).await?;
     stack.kill_relays();
     stack.create_students(0..4).await;
-    stack.restart_users(Some(&armed(point, "abort"))).await;
+    // Each call also waits 200 ms on arrival (its line logged well before the abort): one
+    // line shows the four rows went in one call, not four.
+    let slow_arrival = format!("{}=sleep(200)", points::USERS_ON_REQUEST);
+    stack
+        .restart_users(Some(&format!("{slow_arrival};{}", armed(point, "abort"))))
+        .await;
     stack.start_relay_for_a_users_crash(&["--rows-per-call", "4"]);
     stack.wait_for_users_abort();
+    let users_log = stack.log_of("users-svc");
+    assert_eq!(
+        users_log.matches("fail point: sleeping").count(),
+        1,
+        "one call: {users_log}"
+    );
     Some(stack)
 }
 

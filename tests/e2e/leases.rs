@@ -66,8 +66,11 @@ async fn slow_users_and_three_relays_spend_one_attempt_per_send(backend: Backend
         return;
     };
     stack.kill_relays();
-    // Every call takes 400 ms, holding no lock. One relay claiming 48 rows with 4 call
-    // slots would still be sending the last of them 4.8 s later, long after a 3 s lease.
+    // Every call takes 400 ms, holding no lock, one row a call. Three relays with 4 rows
+    // in flight each share 48 rows under a 3 s lease: a relay claims a row only for a free
+    // call slot and sends it at once, so no row waits in a relay past its lease (were it
+    // claimed 48 at a time and sent 4 at a time, the last would go out 4.8 s later, after
+    // another relay had claimed it again).
     stack
         .restart_users(Some(&format!("{}=sleep(400)", points::USERS_ON_REQUEST)))
         .await;
@@ -82,6 +85,8 @@ async fn slow_users_and_three_relays_spend_one_attempt_per_send(backend: Backend
         "3s",
         "--call-timeout",
         "2s",
+        "--rows-per-call",
+        "1",
     ];
     for _ in 0..3 {
         stack.start_relay(None, &tuning);
@@ -106,6 +111,11 @@ async fn slow_users_and_three_relays_spend_one_attempt_per_send(backend: Backend
         users.matches("answered from the inbox").count(),
         0,
         "no key reached Users twice"
+    );
+    // And Users was slow: every call waited its 400 ms.
+    assert!(
+        users.matches("fail point: sleeping").count() >= students,
+        "{users}"
     );
 }
 

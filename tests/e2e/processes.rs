@@ -38,6 +38,7 @@ on_both_backends!(
     a_relay_tuned_against_its_own_rules_refuses_to_start,
     inbox_purge_deletes_keys_past_the_retention_now_and_keeps_the_users,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
+    every_users_write_passes_the_on_request_fail_point,
     two_replicas_migrating_one_empty_database_at_once_both_serve,
     direct_mode_loses_the_student_where_the_outbox_does_not,
     calls_users_sheds_cost_no_attempt_and_the_relay_sends_fewer,
@@ -1503,6 +1504,73 @@ async fn no_transaction_is_held_open_across_the_call_to_users(backend: Backend) 
     stack.wait_until_all_linked(1).await;
 }
 
+/// README ("Fail points"): `users-on-request` is hit by every Users write, CreateUser,
+/// CreateUsers, UpdateUser and DisableUser, on arrival. Held there past the server's
+/// timeout, each is cancelled and stores nothing.
+async fn every_users_write_passes_the_on_request_fail_point(backend: Backend) {
+    use proto::users::v1::{
+        CreateUserRequest, CreateUsersItem, CreateUsersRequest, DisableUserRequest,
+        UpdateUserRequest,
+    };
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    stack.kill_relays();
+    let held = format!("{}=sleep(1500)", points::USERS_ON_REQUEST);
+    stack
+        .restart_users_with(Some(&held), &["--request-timeout", "300ms"])
+        .await;
+    let mut users = stack.users_client();
+    let student_id = uuid::Uuid::now_v7().to_string();
+    let create = CreateUserRequest {
+        idempotency_key: "create".into(),
+        email: "ana@example.edu".into(),
+        first_name: "Ana".into(),
+        last_name: "Pérez".into(),
+        document_number: "DOC-1".into(),
+        student_id: student_id.clone(),
+    };
+    let codes = [
+        users.create_user(create.clone()).await.map(|_| ()),
+        users
+            .create_users(CreateUsersRequest {
+                items: vec![CreateUsersItem {
+                    user: Some(create),
+                    ..CreateUsersItem::default()
+                }],
+            })
+            .await
+            .map(|_| ()),
+        users
+            .update_user(UpdateUserRequest {
+                idempotency_key: "update".into(),
+                student_id: student_id.clone(),
+                first_name: "Eva".into(),
+                last_name: "Pérez".into(),
+                email: "ana@example.edu".into(),
+                source_version: 2,
+                user_id: String::new(),
+            })
+            .await
+            .map(|_| ()),
+        users
+            .disable_user(DisableUserRequest {
+                idempotency_key: "disable".into(),
+                student_id,
+                source_version: 3,
+                user_id: String::new(),
+            })
+            .await
+            .map(|_| ()),
+    ]
+    .map(|answer| answer.map_err(|status| status.code()));
+    assert_eq!(codes, [Err(tonic::Code::Cancelled); 4]);
+    stack
+        .wait_for_log_lines("users-svc", "fail point: sleeping", 4)
+        .await;
+    assert_eq!(users_and_inbox_rows(&stack.users_db).await, (0, 0));
+}
+
 /// PostgreSQL only, as above: a relay whose host clock runs an hour behind hurries no row.
 /// Its lease is the database's: stalled after its claim, the row it holds is leased past
 /// the row's creation, not until an hour before it (when any other relay could take the
@@ -1534,6 +1602,14 @@ async fn hosts_whose_clocks_run_behind_hurry_no_row() {
         "leased until {leased_for} after the row was created"
     );
     stack.wait_until_all_linked(1).await;
+    // The skew is real: the relay dated the row's delivery by its own clock, an hour
+    // before the row was written.
+    let done = stack.outbox_rows().await.remove(0);
+    let dated = done.created_at - done.processed_at.expect("done");
+    assert!(
+        dated > chrono::TimeDelta::minutes(50),
+        "processed_at {dated} before created_at: the relay's clock is not behind"
+    );
 
     let due_in = a_retry_while_users_is_down(&mut stack, 1, 2).await;
     assert!(
@@ -1553,6 +1629,14 @@ async fn hosts_whose_clocks_run_ahead_delay_no_row() {
     stack.restart_student(Some(an_hour_ahead)).await;
     stack.create_students(0..1).await;
     stack.wait_until_all_linked(1).await;
+    // The skew is real: student-svc dated the student an hour after the database's clock
+    // made the row due.
+    let row = stack.outbox_rows().await.remove(0);
+    let ahead = row.created_at - row.available_at;
+    assert!(
+        ahead > chrono::TimeDelta::minutes(50),
+        "created_at only {ahead} after available_at: student-svc's clock is not ahead"
+    );
 
     // retry-failed on a host an hour ahead: the redriven row is due at once too.
     stack
