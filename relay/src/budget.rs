@@ -1,10 +1,12 @@
-//! How many calls to Users a relay keeps in flight: adaptive, up to `--concurrency`.
+//! How many rows a relay keeps in flight (in calls to Users): adaptive, up to
+//! `--concurrency`.
 //!
 //! Users sheds calls beyond its `--max-concurrent-requests` (RESOURCE_EXHAUSTED, unjudged).
 //! Several relays, each at its own `--concurrency`, can together exceed that limit; instead
-//! of overrunning Users, each relay halves its calls in flight when a call is shed and grows
-//! back by one for every `limit` calls answered: additive increase, multiplicative decrease,
-//! as TCP does with its window. One overrun sheds many calls at once, so the limit is cut at
+//! of overrunning Users, each relay halves its rows in flight when a call is shed and grows
+//! them back by one for every `limit` calls answered (a CreateUsers call of many rows counts
+//! once, so with many rows to a call the limit grows back more slowly): additive increase,
+//! multiplicative decrease, as TCP does with its window. One overrun sheds many calls at once, so the limit is cut at
 //! most once per [`COOLDOWN`].
 
 use std::{
@@ -15,7 +17,7 @@ use std::{
 /// The least time between two cuts: about one round of calls.
 const COOLDOWN: Duration = Duration::from_millis(100);
 
-/// The adaptive limit on calls in flight.
+/// The adaptive limit on rows in flight.
 #[derive(Debug)]
 pub struct CallBudget {
     max: usize,

@@ -24,9 +24,9 @@ pub struct RunConfig {
     /// --rows-per-call). A claim takes at most this many rows, so every claimed row is sent
     /// at once. Each row spends most of its time waiting (on Users, on
     /// a commit), so more in flight means more throughput until a database is saturated
-    /// (BENCHMARKS.md); keep the sum over all relays within users-svc's
-    /// --max-concurrent-requests (512: four relays at the default), or the excess is shed
-    /// and retried.
+    /// (BENCHMARKS.md); keep the calls this makes (create-user rows --rows-per-call to a
+    /// call, each change in a call of its own), summed over all relays, within users-svc's
+    /// --max-concurrent-requests (512), or the excess is shed and retried.
     #[arg(long, env = "RELAY_CONCURRENCY", default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
     /// Most `create-user` rows sent to Users in one CreateUsers call (one Users transaction

@@ -196,11 +196,9 @@ impl Relay {
         u32::from(self.config.batch_size.min(self.config.concurrency))
     }
 
-    /// Splits claimed rows into the groups sent together (see `deliver_many.rs`): at most
-    /// --rows-per-call each, and as even as that allows, so that the calls of one claim
-    /// finish about together.
+    /// Splits claimed rows into the groups sent together (see `deliver_many.rs`).
     pub(crate) fn calls_of(&self, rows: Vec<outbox_row::Model>) -> Vec<Vec<outbox_row::Model>> {
-        split_evenly(rows, usize::from(self.config.rows_per_call))
+        calls_of(rows, usize::from(self.config.rows_per_call))
     }
 
     /// Claims up to `limit` due rows; returns them with the moment their lease ends as this
@@ -568,6 +566,19 @@ impl Delivery {
     }
 }
 
+/// The calls a claim's rows go in: its `create-user` rows in the fewest groups of at most
+/// `rows_per_call`, as even as that allows (so that the calls of one claim finish about
+/// together), each a CreateUsers call when it holds two or more; every other row in a call
+/// of its own (Users has no batch of changes).
+fn calls_of(rows: Vec<outbox_row::Model>, rows_per_call: usize) -> Vec<Vec<outbox_row::Model>> {
+    let (creations, changes): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .partition(|row| row.effect_type == student_store::effect::CREATE_USER);
+    let mut calls = split_evenly(creations, rows_per_call);
+    calls.extend(changes.into_iter().map(|row| vec![row]));
+    calls
+}
+
 /// `items` in order, in the fewest groups of at most `per_call` each, their sizes differing
 /// by one at most (the larger first).
 fn split_evenly<T>(mut items: Vec<T>, per_call: usize) -> Vec<Vec<T>> {
@@ -629,5 +640,62 @@ mod tests {
         assert_eq!(sizes(3, 0), [1, 1, 1], "0 rows per call counts as 1");
         let groups = split_evenly((0..5).collect::<Vec<i32>>(), 2);
         assert_eq!(groups, [vec![0, 1], vec![2, 3], vec![4]], "in order");
+    }
+
+    /// README: the `create-user` rows of a claim go together, however the claim mixes
+    /// them with changes; each change goes alone.
+    #[test]
+    fn a_claims_creations_go_together_and_each_change_alone() {
+        let row = |id: i64, effect: &str| outbox_row::Model {
+            id,
+            aggregate_id: uuid::Uuid::now_v7(),
+            aggregate_version: 1,
+            effect_type: effect.into(),
+            payload: serde_json::json!({}),
+            idempotency_key: format!("k{id}"),
+            status: student_store::entity::outbox::OutboxStatus::Processing,
+            attempts: 1,
+            last_error: None,
+            available_at: chrono::Utc::now(),
+            locked_until: None,
+            locked_by: None,
+            created_at: chrono::Utc::now(),
+            processed_at: None,
+            result: None,
+            failure_kind: None,
+            error_code: None,
+            client_key: None,
+            request_hash: None,
+            key_created_at: None,
+            traceparent: None,
+        };
+        use student_store::effect::{CREATE_USER, UPDATE_USER};
+        // Creations first and last, fifteen changes between them.
+        let rows: Vec<_> = (0..17)
+            .map(|id| {
+                row(
+                    id,
+                    if id % 16 == 0 {
+                        CREATE_USER
+                    } else {
+                        UPDATE_USER
+                    },
+                )
+            })
+            .collect();
+        let ids = |calls: Vec<Vec<outbox_row::Model>>| -> Vec<Vec<i64>> {
+            calls
+                .into_iter()
+                .map(|call| call.iter().map(|row| row.id).collect())
+                .collect()
+        };
+        let calls = ids(calls_of(rows.clone(), 16));
+        assert_eq!(calls.len(), 16, "{calls:?}");
+        assert_eq!(calls[0], [0, 16]);
+        assert!(calls[1..].iter().all(|call| call.len() == 1), "{calls:?}");
+        // Seventeen creations: two calls, 9 and 8.
+        let creations: Vec<_> = (0..17).map(|id| row(id, CREATE_USER)).collect();
+        let sizes: Vec<_> = calls_of(creations, 16).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [9, 8]);
     }
 }

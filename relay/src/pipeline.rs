@@ -84,7 +84,7 @@ impl Relay {
         let mut consecutive_errors = 0u32;
         let mut reported_limit = None;
         while !shutdown.is_cancelled() {
-            // Up to --concurrency calls, fewer while Users sheds calls (see `budget.rs`).
+            // Up to --concurrency rows, fewer while Users sheds calls (see `budget.rs`).
             let concurrency = self.budget.limit();
             if reported_limit != Some(concurrency) {
                 crate::metrics::in_flight_limit(concurrency);

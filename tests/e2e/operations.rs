@@ -1983,7 +1983,8 @@ async fn plan_of(db: &sea_orm::DatabaseConnection, statement: sea_orm::Statement
 }
 
 /// An outbox with a history: 20,000 create-user rows `done` a year ago, 100 `pending`, 10
-/// `failed`; and 20,000 inbox entries a year old. Statistics gathered on both.
+/// `failed`; 20,000 keys of changes that changed nothing, 20,000 inbox entries and 20,000
+/// users, a year old. Statistics gathered on both databases.
 async fn write_history(
     student_db: &sea_orm::DatabaseConnection,
     users_db: &sea_orm::DatabaseConnection,
