@@ -433,6 +433,51 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
         String::from_utf8_lossy(&short.stderr)
             .contains("every USERS_AUTH_TOKEN token must be at least 16 bytes long")
     );
+    // Half a TLS pair is refused at start-up too, never served as plaintext.
+    for (binary, url, variable, file) in [
+        ("users-svc", &dbs.users_url, "USERS_TLS_CERT", &cert),
+        ("users-svc", &dbs.users_url, "USERS_TLS_KEY", &key),
+        ("student-svc", &dbs.student_url, "STUDENT_TLS_CERT", &cert),
+        ("student-svc", &dbs.student_url, "STUDENT_TLS_KEY", &key),
+    ] {
+        let child = tokio::process::Command::new(binaries().join(binary))
+            .env_clear()
+            .args(["--listen", "127.0.0.1:0", "--database-url", url])
+            .env(variable, path(file))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run the binary");
+        let half = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("{binary} with {variable} alone: still running after 30 s"))
+            .expect("its output");
+        let stderr = String::from_utf8_lossy(&half.stderr);
+        assert!(!half.status.success(), "{binary} with {variable} alone");
+        assert!(
+            stderr.contains("TLS needs both a certificate and a key"),
+            "{binary} with {variable} alone: {stderr}"
+        );
+    }
+    // A token in the environment is not shown by any binary's --help.
+    for help in [
+        &["users-svc", "--help"][..],
+        &["student-svc", "--help"],
+        &["relay", "--help"],
+        &["relay", "run", "--help"],
+    ] {
+        let shown = std::process::Command::new(binaries().join(help[0]))
+            .env_clear()
+            .args(&help[1..])
+            .env("USERS_AUTH_TOKEN", TOKEN)
+            .output()
+            .expect("--help");
+        assert!(shown.status.success(), "{help:?}");
+        let text = String::from_utf8_lossy(&shown.stdout);
+        assert!(text.contains("USERS_AUTH_TOKEN"), "{help:?}: {text}");
+        assert!(!text.contains(TOKEN), "{help:?} shows the token: {text}");
+    }
 
     let mut users = Process::spawn_isolated(
         &binaries().join("users-svc"),
@@ -623,6 +668,22 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     let user_id: uuid::Uuid = created.user_id.parse().expect("linked at once");
     let user = stored_user(&users_db, user_id).await;
     assert_eq!(user.student_id.to_string(), created.id);
+
+    // The token reached no log and no command's output; Users says how many it accepts.
+    let users_log = std::fs::read_to_string(log("users-svc")).expect("users-svc's log");
+    assert!(
+        users_log.contains("users-svc listening") && users_log.contains("tokens=1"),
+        "{users_log}"
+    );
+    for name in ["users-svc", "student-svc", "student-svc-direct", "relay"] {
+        let text = std::fs::read_to_string(log(name)).expect("a log");
+        assert!(!text.contains(TOKEN), "{name}'s log shows the token");
+    }
+    for output in [&replay, &refused, &rekeyed] {
+        for text in [&output.stdout, &output.stderr] {
+            assert!(!String::from_utf8_lossy(text).contains(TOKEN));
+        }
+    }
 }
 
 const OLD_TOKEN: &str = "old-token-0123456789abcdef";
