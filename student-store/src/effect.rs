@@ -253,6 +253,33 @@ mod tests {
         }
     }
 
+    /// Rows written by this release (and the last ones, during a rolling deploy) stay
+    /// readable: each type's stored form at format 1, written out as it is in the table.
+    #[test]
+    fn rows_stored_at_format_1_read_back() {
+        let student = Uuid::nil();
+        for (effect_type, stored) in [
+            (
+                CREATE_USER,
+                serde_json::json!({"version": 1, "email": "ana@example.edu", "first_name": "Ana",
+                    "last_name": "Gómez", "document_number": "DOC-1", "student_id": student}),
+            ),
+            (
+                UPDATE_USER,
+                serde_json::json!({"version": 1, "student_id": student, "first_name": "Ana",
+                    "last_name": "Gómez", "email": "ana@example.edu", "source_version": 2}),
+            ),
+            (
+                DISABLE_USER,
+                serde_json::json!({"version": 1, "student_id": student, "source_version": 3}),
+            ),
+        ] {
+            let effect = Effect::decode(effect_type, &stored);
+            assert!(effect.is_ok(), "{effect_type}: {effect:?}");
+            assert_eq!(effect.map(|effect| effect.payload()), Ok(stored));
+        }
+    }
+
     /// The tools that send rows again treat only a creation as able to make a second user.
     #[test]
     fn each_type_reads_back_from_its_name_and_only_create_user_creates_the_user() {

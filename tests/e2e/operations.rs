@@ -304,17 +304,20 @@ async fn resend_refuses_what_would_make_a_second_user_and_changes_nothing(backen
             .filter(outbox::Column::Id.eq(row.id))
             .exec(&stack.student_db)
     };
-    set_status(OutboxStatus::Pending).await.expect("waiting");
-    let resent = student_store::resend::resend(
-        &stack.student_db,
-        student_id(3),
-        (link(3), 1),
-        student_store::resend::Lost::User,
-        &[row.id],
-    )
-    .await
-    .expect("resend");
-    assert_eq!(resent, student_store::resend::Resent::Busy);
+    // A row waiting, or one being delivered (claimed meanwhile), holds the resend back.
+    for busy in [OutboxStatus::Pending, OutboxStatus::Processing] {
+        set_status(busy).await.expect("busy");
+        let resent = student_store::resend::resend(
+            &stack.student_db,
+            student_id(3),
+            (link(3), 1),
+            student_store::resend::Lost::User,
+            &[row.id],
+        )
+        .await
+        .expect("resend");
+        assert_eq!(resent, student_store::resend::Resent::Busy, "{busy:?}");
+    }
     set_status(OutboxStatus::Done).await.expect("as it was");
 
     // Users not answering: no verdict, an error (exit 2), for one student and for all.

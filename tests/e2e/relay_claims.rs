@@ -49,6 +49,7 @@ on_both_backends!(
     a_claim_takes_no_more_rows_than_free_call_slots,
     the_delivery_loop_refills_free_call_slots_together_and_never_overfills_them,
     rows_sent_many_to_a_call_each_take_a_slot,
+    a_claim_leases_its_rows_for_the_whole_lease,
     a_full_claim_claims_again_at_once,
     after_a_claim_its_connection_commits_durably_again,
     a_claim_the_database_lost_leaves_its_row_due_and_its_finalize_changes_nothing,
@@ -984,6 +985,28 @@ async fn rows_sent_many_to_a_call_each_take_a_slot(backend: Backend) {
         "eight rows in flight, never more"
     );
     running.abort();
+}
+
+/// The database records the lease the relay counts on, whole: the relay never starts a
+/// call that could outlive its own count of the lease, which must then never outlive the
+/// database's (README: "never ends later than the one the database records").
+async fn a_claim_leases_its_rows_for_the_whole_lease(backend: Backend) {
+    let Some(app) = spawn_app(backend).await else {
+        return;
+    };
+    create_students(&app, 0..1).await;
+    let lease = Duration::from_secs(60);
+    let before = crate::relay_delivery::clock_of_the_rows(&app).await;
+    let claimed = store::claim_batch(&app.student_db, "lease-check", 1, lease)
+        .await
+        .expect("claim");
+    let after = crate::relay_delivery::clock_of_the_rows(&app).await;
+    let until = claimed[0].locked_until.expect("leased");
+    let lease = chrono::TimeDelta::from_std(lease).expect("a lease");
+    assert!(
+        before + lease <= until && until <= after + lease,
+        "leased until {until}, claimed between {before} and {after}"
+    );
 }
 
 /// A claim commits without waiting for the disk on PostgreSQL, and for its own transaction

@@ -21,6 +21,7 @@ on_both_backends!(
     an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved,
     a_users_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved,
     the_migrate_command_applies_each_schema_alone,
+    users_from_before_source_versions_reflect_their_students_first_version,
 );
 
 /// The Student DB's migrations up to (and including) the fifth, the schema before
@@ -315,6 +316,27 @@ async fn old_user(
         ])
         .to_owned();
     db.execute(&insert).await.map(|_| ())
+}
+
+/// Users written before users had a `source_version` (the fourth Users migration) were
+/// each created from its student's first version: they reflect version 1, as the Student
+/// side's upgrade records it synced, not 0 (which `relay audit` would report as a Users DB
+/// gone back, and `relay resend` would send changes again for).
+async fn users_from_before_source_versions_reflect_their_students_first_version(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let db = db_at::<migrations::users::Migrator>(&dbs.users_url, 3).await;
+    old_user(&db, "DOC-1", true).await.expect("an old user");
+    migrations::apply::<migrations::users::Migrator>(&db, migrations::USERS_LOCK_ID)
+        .await
+        .expect("upgraded");
+    let users = users_svc::entity::users::Entity::find()
+        .all(&db)
+        .await
+        .expect("users");
+    assert_eq!(users.len(), 1);
+    assert_eq!(users[0].source_version, 1);
 }
 
 /// The same as [`an_upgrade_the_rows_refuse_changes_nothing_until_they_are_resolved`] for
