@@ -35,6 +35,7 @@ on_both_backends!(
     sigterm_lets_a_relay_finish_the_calls_it_has_in_flight,
     sigterm_during_a_claim_hands_its_rows_back_unsent,
     one_shot_commands_on_a_database_with_no_schema_say_which_service_to_start,
+    a_relay_waiting_for_the_student_db_stops_when_told,
     a_relay_tuned_against_its_own_rules_refuses_to_start,
     inbox_purge_deletes_keys_past_the_retention_now_and_keeps_the_users,
     a_request_past_the_server_timeout_is_cancelled_and_stores_nothing,
@@ -916,6 +917,38 @@ async fn one_shot_commands_on_a_database_with_no_schema_say_which_service_to_sta
             .expect("n");
         assert_eq!(n, 0, "{url}: nothing was migrated");
     }
+}
+
+/// A relay may start before student-svc has made the Student DB's schema: it waits, and a
+/// SIGTERM while it waits stops it cleanly at once, as it would a running one.
+async fn a_relay_waiting_for_the_student_db_stops_when_told(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let mut relay = Process::spawn_isolated(
+        &binaries().join("relay"),
+        &["run".to_owned()],
+        &[("STUDENT_DATABASE_URL".to_owned(), dbs.student_url.clone())],
+        &dbs.dir.path().join("relay.log"),
+    )
+    .expect("start the relay");
+    let log = relay.log_path().to_owned();
+    eventually(
+        "the relay to wait for the schema",
+        LINK_DEADLINE,
+        || async {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|text| text.contains("has not created the Student DB schema yet"))
+        },
+    )
+    .await;
+    relay.signal(Signal::SIGTERM).expect("SIGTERM");
+    let status = relay
+        .wait_timeout(Duration::from_secs(5))
+        .expect("wait")
+        .expect("the waiting relay stops when told");
+    assert!(status.success(), "{status}");
 }
 
 /// README ("Configuration", `--lease`; "How the relay claims"): `relay run`, and a bare

@@ -1593,11 +1593,13 @@ async fn rows_too_large_for_one_call_go_one_call_each(backend: Backend) {
         let request = proto::student::v1::CreateStudentRequest {
             first_name: format!("{}{n:02}", "𝓐".repeat(98)),
             last_name: "𝓑".repeat(100),
+            // 254 characters, the most an address may have: every column must hold it.
             email: format!(
-                "{}{n:02}@{}.{}.edu",
+                "{}{n:02}@{}.{}.{}.edu",
                 "a".repeat(62),
                 "b".repeat(63),
-                "c".repeat(63)
+                "c".repeat(63),
+                "d".repeat(57)
             ),
             document_number: format!("DOC-{}-{n:02}", "X".repeat(25)),
             idempotency_key: None,
@@ -1623,6 +1625,11 @@ async fn rows_too_large_for_one_call_go_one_call_each(backend: Backend) {
     );
     assert_linked_at_first_attempt(&statuses(&app).await);
     assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 60).await;
+    let stored = users::Entity::find()
+        .all(&app.users_db)
+        .await
+        .expect("users");
+    assert!(stored.iter().all(|user| user.email.chars().count() == 254));
     // One transaction would have written every user at one time.
     let times: std::collections::HashSet<_> = users::Entity::find()
         .all(&app.users_db)
