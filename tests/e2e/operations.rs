@@ -50,6 +50,7 @@ on_both_backends!(
     waits_for_sqlites_write_lock_are_counted,
     what_the_alerts_watch_moves_when_deliveries_go_wrong,
     audit_reports_each_disagreement_between_the_databases,
+    a_change_on_its_way_to_users_is_no_disagreement,
     a_student_db_restored_from_an_older_backup_creates_no_user_twice_and_the_audit_names_the_rest,
     after_a_users_db_restore_resend_gives_users_back_what_it_lost,
     resend_refuses_what_would_make_a_second_user_and_changes_nothing,
@@ -62,6 +63,30 @@ on_both_backends!(
     student_client_keys_outlive_the_purge_only_where_their_record_does,
     purges_and_gauges_find_their_rows_through_indexes_never_the_history,
 );
+
+/// README ("Following one student", `relay audit`): between the version Users is recorded
+/// to have applied and the student's is a change still on its way, not a disagreement:
+/// linked students renamed while no relay runs (version 2, Users at 1) are clean.
+async fn a_change_on_its_way_to_users_is_no_disagreement(backend: Backend) {
+    let Some(mut stack) = Stack::start(backend).await else {
+        return;
+    };
+    let ids = stack.create_students(0..2).await;
+    stack.wait_until_all_linked(2).await;
+    stack.kill_relays();
+    for id in &ids {
+        assert_eq!(stack.rename_student(id, "Renamed").await, 2);
+    }
+    stack.assert_audit_clean(2);
+    let users = users::Entity::find()
+        .all(&stack.users_db)
+        .await
+        .expect("users");
+    assert!(
+        users.iter().all(|user| user.source_version == 1),
+        "no rename delivered yet"
+    );
+}
 
 /// README ("Day-two routine", restoring the Users DB), the routine run as written, in its
 /// order, against a restore that lost student 0's user and its keys, while a rename of
