@@ -102,10 +102,12 @@ def main():
     shutil.rmtree(os.path.join(ROOT, "data"), ignore_errors=True)
 
     stack = subprocess.Popen(START_COMMAND, cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    started = []
     try:
         deadline = time.time() + 600
         for line in stack.stdout:
             print(f"devstack: {line.rstrip()}")
+            started.append(line)
             if "all three are up" in line:
                 break
             if time.time() > deadline:
@@ -148,6 +150,15 @@ def main():
             raise SystemExit("walkthrough: devstack did not stop on Ctrl-C")
     if stack.returncode != 0:
         raise SystemExit(f"walkthrough: devstack exited with {stack.returncode} after Ctrl-C")
+    # README: devstack waits until both services are healthy, and Ctrl-C stops all three
+    # cleanly (each told with SIGTERM, not killed).
+    for service in ("users-svc", "student-svc"):
+        if not any(line.startswith(service) and " healthy on " in line for line in started):
+            raise SystemExit(f"walkthrough: devstack said all three are up before {service} was healthy")
+    for name in ("users-svc", "student-svc", "relay"):
+        with open(os.path.join(ROOT, "data", f"{name}.log"), encoding="utf-8") as log:
+            if 'shutting down signal="SIGTERM"' not in log.read():
+                raise SystemExit(f"walkthrough: {name} was not stopped with SIGTERM (data/{name}.log)")
     if len(outputs) != len(steps):
         raise SystemExit(f"walkthrough: only {len(outputs)} of {len(steps)} steps finished")
     if failures:

@@ -391,6 +391,44 @@ async fn check_health(
 mod tests {
     use super::*;
 
+    /// README: devstack passes your environment on (a `USERS_AUTH_TOKEN` exported in the
+    /// shell reaches the binaries), while a test's processes see only `PATH` and what the
+    /// test gives them. (Cargo sets `CARGO_MANIFEST_DIR` for this test's process.)
+    #[test]
+    fn devstacks_binaries_inherit_the_environment_and_isolated_ones_do_not() {
+        let inherited = std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo");
+        let dir = std::env::temp_dir().join(format!("devstack-env-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let script = [
+            "-c".to_owned(),
+            "echo \"manifest=$CARGO_MANIFEST_DIR given=$GIVEN\" >&2".to_owned(),
+        ];
+        let given = [("GIVEN".to_owned(), "yes".to_owned())];
+        let shell = Path::new("/bin/sh");
+        for (name, own_group) in [("devstack", true), ("isolated", false)] {
+            let log = dir.join(format!("{name}.log"));
+            let mut process = if own_group {
+                Process::spawn_in_own_group(shell, &script, &given, &log)
+            } else {
+                Process::spawn_isolated(shell, &script, &given, &log)
+            }
+            .expect("start sh");
+            let status = process
+                .wait_timeout(Duration::from_secs(10))
+                .expect("wait")
+                .expect("sh ends");
+            assert!(status.success());
+            let line = std::fs::read_to_string(&log).expect("its log");
+            let expected = if own_group {
+                format!("manifest={inherited} given=yes\n")
+            } else {
+                "manifest= given=yes\n".to_owned()
+            };
+            assert_eq!(line, expected, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn the_listening_line_yields_the_address() {
         let line = "2026-11-30T14:20:53.907653Z  INFO listening: student-svc listening addr=127.0.0.1:50051";
