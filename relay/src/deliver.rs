@@ -647,27 +647,8 @@ mod tests {
     #[test]
     fn a_claims_creations_go_together_and_each_change_alone() {
         let row = |id: i64, effect: &str| outbox_row::Model {
-            id,
-            aggregate_id: uuid::Uuid::now_v7(),
-            aggregate_version: 1,
             effect_type: effect.into(),
-            payload: serde_json::json!({}),
-            idempotency_key: format!("k{id}"),
-            status: student_store::entity::outbox::OutboxStatus::Processing,
-            attempts: 1,
-            last_error: None,
-            available_at: chrono::Utc::now(),
-            locked_until: None,
-            locked_by: None,
-            created_at: chrono::Utc::now(),
-            processed_at: None,
-            result: None,
-            failure_kind: None,
-            error_code: None,
-            client_key: None,
-            request_hash: None,
-            key_created_at: None,
-            traceparent: None,
+            ..crate::test_rows::row(id, 1)
         };
         use student_store::effect::{CREATE_USER, UPDATE_USER};
         // Creations first and last, fifteen changes between them.

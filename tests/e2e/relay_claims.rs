@@ -823,6 +823,33 @@ async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {
     );
 }
 
+/// A relay running on a task of its own with eight slots (rows in flight) and
+/// `rows_per_call`, woken by nothing but a 300 s poll, its calls and leases long enough
+/// for any test; sending to `users_url`.
+fn eight_slots_polling_only(
+    app: &TestApp,
+    users_url: &str,
+    rows_per_call: u16,
+) -> tokio::task::JoinHandle<()> {
+    let relay = app.relay_with(
+        users_url,
+        RunConfig {
+            batch_size: 64,
+            concurrency: 8,
+            rows_per_call,
+            poll_interval: Duration::from_secs(300),
+            call_timeout: Duration::from_secs(60),
+            lease: Duration::from_secs(120),
+            ..test_tuning()
+        },
+    );
+    tokio::spawn(async move {
+        relay
+            .run(Wakeup::poll_only(), CancellationToken::new())
+            .await;
+    })
+}
+
 /// The delivery loop keeps to the same bound as calls finish, and refills its free call
 /// slots together: with eight slots it claims again once two are free (a claim is a
 /// transaction; one per finished call would cost more than it gains). Twenty rows wait,
@@ -845,23 +872,7 @@ async fn the_delivery_loop_refills_free_call_slots_together_and_never_overfills_
         },
     )
     .await;
-    let relay = app.relay_with(
-        &users.url,
-        RunConfig {
-            batch_size: 64,
-            concurrency: 8,
-            rows_per_call: 1,
-            poll_interval: Duration::from_secs(300),
-            call_timeout: Duration::from_secs(60),
-            lease: Duration::from_secs(120),
-            ..test_tuning()
-        },
-    );
-    let running = tokio::spawn(async move {
-        relay
-            .run(Wakeup::poll_only(), CancellationToken::new())
-            .await;
-    });
+    let running = eight_slots_polling_only(&app, &users.url, 1);
     // (done, leased, never leased) rows; a claim is one statement, so the first row seen
     // leased shows the whole claim.
     let counts = |rows: &[outbox::Model]| {
@@ -931,23 +942,7 @@ async fn rows_sent_many_to_a_call_each_take_a_slot(backend: Backend) {
         },
     )
     .await;
-    let relay = app.relay_with(
-        &users.url,
-        RunConfig {
-            batch_size: 64,
-            concurrency: 8,
-            rows_per_call: 4,
-            poll_interval: Duration::from_secs(300),
-            call_timeout: Duration::from_secs(60),
-            lease: Duration::from_secs(120),
-            ..test_tuning()
-        },
-    );
-    let running = tokio::spawn(async move {
-        relay
-            .run(Wakeup::poll_only(), CancellationToken::new())
-            .await;
-    });
+    let running = eight_slots_polling_only(&app, &users.url, 4);
     // (done, leased, never leased) rows.
     let counts = |rows: &[outbox::Model]| {
         let count = |status, leased: bool| {
