@@ -102,7 +102,7 @@ def main():
     shutil.rmtree(os.path.join(ROOT, "data"), ignore_errors=True)
 
     stack = subprocess.Popen(START_COMMAND, cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    started = []
+    started, stopped = [], []
     try:
         deadline = time.time() + 600
         for line in stack.stdout:
@@ -145,13 +145,15 @@ def main():
             rest, _ = stack.communicate(timeout=30)
             for line in rest.splitlines():
                 print(f"devstack: {line}")
+            stopped = rest.splitlines()
         except subprocess.TimeoutExpired:
             os.killpg(stack.pid, signal.SIGKILL)
             raise SystemExit("walkthrough: devstack did not stop on Ctrl-C")
     if stack.returncode != 0:
         raise SystemExit(f"walkthrough: devstack exited with {stack.returncode} after Ctrl-C")
     # README: devstack waits until both services are healthy, and Ctrl-C stops all three
-    # cleanly (each told with SIGTERM, not killed).
+    # cleanly: each told with SIGTERM, and each stopped by it (devstack kills one still
+    # running 10 s later, and says so).
     for service in ("users-svc", "student-svc"):
         if not any(line.startswith(service) and " healthy on " in line for line in started):
             raise SystemExit(f"walkthrough: devstack said all three are up before {service} was healthy")
@@ -159,6 +161,8 @@ def main():
         with open(os.path.join(ROOT, "data", f"{name}.log"), encoding="utf-8") as log:
             if 'shutting down signal="SIGTERM"' not in log.read():
                 raise SystemExit(f"walkthrough: {name} was not stopped with SIGTERM (data/{name}.log)")
+        if f"{name} stopped" not in stopped:
+            raise SystemExit(f"walkthrough: {name} did not stop on SIGTERM: {stopped}")
     if len(outputs) != len(steps):
         raise SystemExit(f"walkthrough: only {len(outputs)} of {len(steps)} steps finished")
     if failures:

@@ -49,8 +49,13 @@ async fn main() -> anyhow::Result<()> {
     for process in processes.iter_mut().rev() {
         if process.wait_timeout(Duration::from_secs(10))?.is_none() {
             process.kill()?;
+            println!(
+                "{} killed: still running 10 s after SIGTERM",
+                process.name()
+            );
+        } else {
+            println!("{} stopped", process.name());
         }
-        println!("{} stopped", process.name());
     }
     match outcome {
         Ok(()) => Ok(()),

@@ -33,7 +33,7 @@ struct State {
 }
 
 impl CallBudget {
-    /// Starts at `max`, the most calls ever in flight.
+    /// Starts at `max`, the most rows ever in flight.
     pub fn new(max: usize) -> Self {
         let max = max.max(1);
         Self {
@@ -46,7 +46,7 @@ impl CallBudget {
         }
     }
 
-    /// How many calls may be in flight now.
+    /// How many rows may be in flight now.
     pub fn limit(&self) -> usize {
         self.lock().limit
     }
@@ -61,7 +61,7 @@ impl CallBudget {
         }
     }
 
-    /// Users shed a call: halve the calls in flight, unless they were just cut. Returns the
+    /// Users shed a call: halve the rows in flight, unless they were just cut. Returns the
     /// new limit when it was cut.
     pub fn shed(&self) -> Option<usize> {
         self.shed_at(Instant::now())

@@ -1,11 +1,13 @@
 //! The delivery loop: calls to Users kept in flight continuously, not batch by batch.
 //!
-//! The relay claims rows as call slots free up (never more rows than free slots, so every
-//! claimed row is sent at once, inside its lease), and claims again at once after a full
-//! claim, when a row is notified (PostgreSQL `NOTIFY`, kept if it arrives while busy), or
-//! when the poll interval passes. A slow call holds one slot, never the next claim.
+//! The relay claims rows as slots (rows in flight) free up (never more rows than free
+//! slots, so every claimed row is sent at once, inside its lease), and claims again at once
+//! after a full claim, when a row is notified (PostgreSQL `NOTIFY`, kept if it arrives while
+//! busy), or when the poll interval passes. A slow call holds its rows' slots, never the
+//! next claim.
 //!
-//! Each claimed row is delivered on a task of its own: its call and its finalize progress
+//! Each call (one row, or the rows of one CreateUsers call) is delivered on a task of its
+//! own: its call and its rows' finalize progress
 //! whatever the loop is doing. (Were they futures the loop polls only between its own
 //! awaits, a finalize holding SQLite's write lock could wait for the loop while the loop's
 //! next claim waits for that lock.)

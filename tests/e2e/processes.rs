@@ -1538,8 +1538,9 @@ async fn no_transaction_is_held_open_across_the_call_to_users(backend: Backend) 
 }
 
 /// README ("Fail points"): `users-on-request` is hit by every Users write, CreateUser,
-/// CreateUsers, UpdateUser and DisableUser, on arrival. Held there past the server's
-/// timeout, each is cancelled and stores nothing.
+/// CreateUsers, UpdateUser and DisableUser, on arrival: held there past the server's
+/// timeout, each is cancelled. (That a cancelled write stores nothing is
+/// `a_request_past_the_server_timeout_is_cancelled_and_stores_nothing`.)
 async fn every_users_write_passes_the_on_request_fail_point(backend: Backend) {
     use proto::users::v1::{
         CreateUserRequest, CreateUsersItem, CreateUsersRequest, DisableUserRequest,
@@ -1549,9 +1550,9 @@ async fn every_users_write_passes_the_on_request_fail_point(backend: Backend) {
         return;
     };
     stack.kill_relays();
-    let held = format!("{}=sleep(1500)", points::USERS_ON_REQUEST);
+    let held = format!("{}=sleep(3000)", points::USERS_ON_REQUEST);
     stack
-        .restart_users_with(Some(&held), &["--request-timeout", "300ms"])
+        .restart_users_with(Some(&held), &["--request-timeout", "1s"])
         .await;
     let mut users = stack.users_client();
     let student_id = uuid::Uuid::now_v7().to_string();

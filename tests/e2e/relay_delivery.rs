@@ -1593,7 +1593,8 @@ async fn rows_too_large_for_one_call_go_one_call_each(backend: Backend) {
         let request = proto::student::v1::CreateStudentRequest {
             first_name: format!("{}{n:02}", "𝓐".repeat(98)),
             last_name: "𝓑".repeat(100),
-            // 254 characters, the most an address may have: every column must hold it.
+            // 254 characters, the most an address may have: every column must hold it (a
+            // length PostgreSQL enforces; SQLite ignores them).
             email: format!(
                 "{}{n:02}@{}.{}.{}.edu",
                 "a".repeat(62),
