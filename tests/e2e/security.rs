@@ -174,11 +174,13 @@ async fn a_relay_that_does_not_trust_the_ca_keeps_the_row_pending(backend: Backe
 }
 
 /// README ("Configuration", `--users-ca`): a relay named no CA file trusts the system's
-/// roots for an `https://` Users. Two relay processes, neither given `USERS_TLS_CA`, each
-/// given its system roots by `SSL_CERT_FILE` (which the system-roots loader reads, so the
-/// test does not depend on the machine's bundle): the first, whose roots are another CA,
-/// cannot verify Users and keeps the row pending (retried: an attempt used); the second,
-/// whose roots are the test CA, delivers it.
+/// roots for an `https://` Users, and one named a CA file trusts that CA only. Relay
+/// processes given their system roots by `SSL_CERT_FILE` (which the system-roots loader
+/// reads, so the test does not depend on the machine's bundle): the first, named no CA
+/// and whose roots are another CA, cannot verify Users and keeps the row pending
+/// (retried: an attempt used); the second, named that other CA and whose roots are the
+/// test CA, cannot either; the third, named no CA and whose roots are the test CA,
+/// delivers it.
 async fn a_relay_named_no_ca_file_trusts_the_systems_roots(backend: Backend) {
     let Some((app, pki)) = secured_app(backend).await else {
         return;
@@ -222,7 +224,22 @@ async fn a_relay_named_no_ca_file_trusts_the_systems_roots(backend: Backend) {
     assert!(retried.last_error.is_some(), "{retried:?}");
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
 
+    // A relay named a CA file trusts that CA only, not the system's roots besides: its
+    // file is the other CA and its system roots the test CA, and it cannot verify Users.
     let ca = ca.to_string_lossy();
+    let mut named_other = relay(
+        "relay-named-other-ca",
+        &[("USERS_TLS_CA", &stranger_ca), ("SSL_CERT_FILE", &ca)],
+    );
+    eventually("the row retried again", LINK_DEADLINE, || async {
+        let row = only_row(&app).await;
+        assert_ne!(row.status, OutboxStatus::Done, "trusted the system's roots");
+        (row.status == OutboxStatus::Pending && row.attempts > retried.attempts).then_some(())
+    })
+    .await;
+    named_other.kill().expect("kill");
+    assert_eq!(users_and_inbox_rows(&app.users_db).await, (0, 0));
+
     let _trusting = relay("relay-test-roots", &[("SSL_CERT_FILE", &ca)]);
     eventually("the row delivered", LINK_DEADLINE, || async {
         (only_row(&app).await.status == OutboxStatus::Done).then_some(())
