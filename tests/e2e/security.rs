@@ -439,12 +439,14 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
     let args = |pairs: &[&str]| pairs.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
 
     // A token shorter than 16 bytes is refused at start-up, saying why.
-    let short = std::process::Command::new(binaries().join("users-svc"))
-        .env_clear()
-        .args(["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url])
-        .env("USERS_AUTH_TOKEN", "too-short")
-        .output()
-        .expect("run users-svc");
+    let short = exits_within_30_s(
+        tokio::process::Command::new(binaries().join("users-svc"))
+            .env_clear()
+            .args(["--listen", "127.0.0.1:0", "--database-url", &dbs.users_url])
+            .env("USERS_AUTH_TOKEN", "too-short"),
+        "users-svc with a short token",
+    )
+    .await;
     assert!(!short.status.success());
     assert!(
         String::from_utf8_lossy(&short.stderr)
@@ -457,19 +459,14 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
         ("student-svc", &dbs.student_url, "STUDENT_TLS_CERT", &cert),
         ("student-svc", &dbs.student_url, "STUDENT_TLS_KEY", &key),
     ] {
-        let child = tokio::process::Command::new(binaries().join(binary))
-            .env_clear()
-            .args(["--listen", "127.0.0.1:0", "--database-url", url])
-            .env(variable, path(file))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("run the binary");
-        let half = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-            .await
-            .unwrap_or_else(|_| panic!("{binary} with {variable} alone: still running after 30 s"))
-            .expect("its output");
+        let half = exits_within_30_s(
+            tokio::process::Command::new(binaries().join(binary))
+                .env_clear()
+                .args(["--listen", "127.0.0.1:0", "--database-url", url])
+                .env(variable, path(file)),
+            &format!("{binary} with {variable} alone"),
+        )
+        .await;
         let stderr = String::from_utf8_lossy(&half.stderr);
         assert!(!half.status.success(), "{binary} with {variable} alone");
         assert!(
@@ -701,6 +698,24 @@ async fn the_binaries_take_tls_and_the_token_from_their_environment(backend: Bac
             assert!(!String::from_utf8_lossy(text).contains(TOKEN));
         }
     }
+}
+
+/// Runs `command` (a server expected to refuse its settings) and returns its output; a
+/// server that starts instead fails the test after 30 s rather than hanging it.
+async fn exits_within_30_s(
+    command: &mut tokio::process::Command,
+    what: &str,
+) -> std::process::Output {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the binary");
+    tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still running after 30 s"))
+        .expect("its output")
 }
 
 const OLD_TOKEN: &str = "old-token-0123456789abcdef";
