@@ -591,6 +591,12 @@ mod tests {
                 Some("0.5"),
                 [true, false, true, true, false, false],
             ),
+            // 1, the ratio's maximum (and its default), keeps everything.
+            (
+                "traceidratio",
+                Some("1"),
+                [true, true, true, true, true, true],
+            ),
             // The ratio defaults to 1: everything, as the specification says.
             (
                 "parentbased_traceidratio",

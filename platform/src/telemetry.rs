@@ -206,3 +206,17 @@ impl Visit for JsonFields<'_> {
             .insert(field.name().into(), format!("{value:?}").into());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// README ("Logs"): lines wait in a queue of 10,000, at most 4 MiB, written at most
+    /// once every 5 ms (what a crash may lose), and a stop waits about a second for them.
+    #[test]
+    fn the_log_queue_is_as_readme_says() {
+        assert_eq!((QUEUED.lines, QUEUED.bytes), (10_000, 4 << 20));
+        assert_eq!(GATHER, std::time::Duration::from_millis(5));
+        assert!(FINAL_WRITE <= std::time::Duration::from_millis(1500));
+    }
+}

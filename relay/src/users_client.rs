@@ -72,16 +72,24 @@ pub fn row_trace(row: &outbox_row::Model) -> (TraceContext, tracing::Span) {
     (trace, span)
 }
 
-/// The row's delivery as a span of its trace, exported when a collector is named: the
-/// parent of Users' span for the call, named after the method the row's effect calls.
-pub fn delivery_span(row: &outbox_row::Model, trace: TraceContext) -> ExportedSpan {
-    let method = match EffectType::parse(&row.effect_type) {
+/// The Users method a row of `effect_type` calls.
+fn users_method(effect_type: &str) -> &'static str {
+    match EffectType::parse(effect_type) {
         Some(EffectType::CreateUser) => "CreateUser",
         Some(EffectType::UpdateUser) => "UpdateUser",
         Some(EffectType::DisableUser) => "DisableUser",
         None => "unknown",
-    };
-    let mut span = ExportedSpan::client(trace, "users.v1.UsersService", method);
+    }
+}
+
+/// The row's delivery as a span of its trace, exported when a collector is named: the
+/// parent of Users' span for the call, named after the method the row's effect calls.
+pub fn delivery_span(row: &outbox_row::Model, trace: TraceContext) -> ExportedSpan {
+    let mut span = ExportedSpan::client(
+        trace,
+        "users.v1.UsersService",
+        users_method(&row.effect_type),
+    );
     span.set("outbox.id", row.id);
     span
 }
@@ -529,6 +537,19 @@ pub fn was_replayed(status: &Status) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// README: a delivery's span is named after the Users method its row's effect calls.
+    #[test]
+    fn a_delivery_span_is_named_after_its_users_method() {
+        for (effect, method) in [
+            ("create-user", "CreateUser"),
+            ("update-user", "UpdateUser"),
+            ("disable-user", "DisableUser"),
+            ("send-flowers", "unknown"),
+        ] {
+            assert_eq!(users_method(effect), method, "{effect}");
+        }
+    }
 
     /// The time a `grpc-timeout` value stands for (`<digits><unit>`, gRPC over HTTP/2).
     fn grpc_timeout(value: &str) -> Duration {

@@ -60,6 +60,7 @@ on_both_backends!(
     rows_of_a_call_refused_whole_each_show_the_refusal_then_their_own_delivery,
     items_of_a_call_whose_transaction_failed_are_each_a_failed_span,
     retry_failed_asks_users_about_a_rows_key_in_the_rows_trace,
+    otel_sdk_disabled_exports_nothing,
 );
 
 /// Rows sent together (one CreateUsers call) belong to different students' journeys:
@@ -1003,6 +1004,39 @@ async fn a_sampler_that_is_not_parent_based_overrules_the_caller(backend: Backen
             spans.0
         );
     }
+}
+
+/// README ("Following one student"): `OTEL_SDK_DISABLED=true`, the SDK's own switch, turns
+/// exporting off though a collector is named. Two users-svc name the same collector; each
+/// creates a user under a trace of its own; only the one not disabled exports its span.
+async fn otel_sdk_disabled_exports_nothing(backend: Backend) {
+    let Some(dbs) = TestDatabases::create(backend).await else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let mut traces = Vec::new();
+    for (n, env) in [&[("OTEL_SDK_DISABLED", "true")][..], &[]]
+        .into_iter()
+        .enumerate()
+    {
+        let mut users = start_exporting_with(&dbs, &collector, env, "users-svc", &[]);
+        let trace_id = new_trace_id();
+        users_client(serving(&mut users).await)
+            .create_user(with_trace(conflicting_user_request(n), &trace_id))
+            .await
+            .expect("created");
+        stop(&mut users);
+        traces.push(trace_id);
+    }
+    assert!(
+        collector.spans_of(&traces[0]).is_empty(),
+        "disabled, yet exported"
+    );
+    assert_eq!(
+        collector.spans_of(&traces[1]).len(),
+        1,
+        "the control exports"
+    );
 }
 
 /// README ("Following one student", "Metrics"): what became of the spans is counted.
