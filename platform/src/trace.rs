@@ -259,6 +259,13 @@ mod tests {
         ] {
             assert_eq!(TraceContext::parse(bad), None, "{bad:?}");
         }
+        // A later version may append parts (W3C): its first four are read as version 00's.
+        let later = TraceContext::parse(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-next",
+        )
+        .expect("a later version, read");
+        assert_eq!(later.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(later.is_sampled());
         assert_eq!(TraceContext::new_root().parent_span_id(), None);
         let fresh = TraceContext::continue_stored(Some("garbage"));
         assert_eq!(fresh.trace_id().len(), 32);

@@ -258,6 +258,9 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         .collect();
     assert_eq!(batches.len(), 1, "one CreateUsers call: {batches:#?}");
     assert_eq!(batches[0].service, "users-svc");
+    // OTLP's span flags (0x100: whether the parent is known to be another process's;
+    // 0x200: it is): the call's own span is a root, its parent known to be none.
+    assert_eq!(batches[0].span.flags & 0x300, 0x100, "{:#?}", batches[0]);
     let mut linked: Vec<(String, String)> = batches[0]
         .span
         .links
@@ -295,6 +298,8 @@ async fn each_hop_of_a_students_journey_is_a_span_of_its_trace_at_the_collector(
         for (delivery, execution) in deliveries.iter().zip(&executions) {
             assert_eq!(delivery.span.name, users_method);
             assert_eq!(delivery.span.parent_span_id, call.span.span_id);
+            // On behalf of another process's span: the Student call that stored the row.
+            assert_eq!(delivery.span.flags & 0x300, 0x300, "{delivery:#?}");
             assert_eq!(execution.span.name, users_method);
             assert_eq!(execution.span.parent_span_id, delivery.span.span_id);
         }
