@@ -823,6 +823,21 @@ async fn a_claim_takes_no_more_rows_than_free_call_slots(backend: Backend) {
     );
 }
 
+/// How many of `rows` are done, leased, and never leased, each row claimed once at most
+/// (the slot tests answer every call they let through, and fail none).
+fn done_leased_waiting(rows: &[outbox::Model]) -> (usize, usize, usize) {
+    let count = |state| {
+        rows.iter()
+            .filter(|row| (row.status, row.attempts) == state)
+            .count()
+    };
+    (
+        count((OutboxStatus::Done, 1)),
+        count((OutboxStatus::Processing, 1)),
+        count((OutboxStatus::Pending, 0)),
+    )
+}
+
 /// A relay running on a task of its own with eight slots (rows in flight) and
 /// `rows_per_call`, woken by nothing but a 300 s poll, its calls and leases long enough
 /// for any test; sending to `users_url`.
@@ -873,20 +888,7 @@ async fn the_delivery_loop_refills_free_call_slots_together_and_never_overfills_
     )
     .await;
     let running = eight_slots_polling_only(&app, &users.url, 1);
-    // (done, leased, never leased) rows; a claim is one statement, so the first row seen
-    // leased shows the whole claim.
-    let counts = |rows: &[outbox::Model]| {
-        let count = |state| {
-            rows.iter()
-                .filter(|row| (row.status, row.attempts) == state)
-                .count()
-        };
-        (
-            count((OutboxStatus::Done, 1)),
-            count((OutboxStatus::Processing, 1)),
-            count((OutboxStatus::Pending, 0)),
-        )
-    };
+    // A claim is one statement, so the first row seen leased shows the whole claim.
     let first = eventually("the first claim", Duration::from_secs(20), || async {
         let rows = rows(&app).await;
         rows.iter()
@@ -894,7 +896,11 @@ async fn the_delivery_loop_refills_free_call_slots_together_and_never_overfills_
             .then_some(rows)
     })
     .await;
-    assert_eq!(counts(&first), (0, 8, 12), "one row per call slot");
+    assert_eq!(
+        done_leased_waiting(&first),
+        (0, 8, 12),
+        "one row per call slot"
+    );
 
     gate.add_permits(2);
     let refilled = eventually(
@@ -902,14 +908,14 @@ async fn the_delivery_loop_refills_free_call_slots_together_and_never_overfills_
         Duration::from_secs(20),
         || async {
             let rows = rows(&app).await;
-            let (done, _, _) = counts(&rows);
+            let (done, _, _) = done_leased_waiting(&rows);
             let ever_leased = rows.iter().filter(|row| row.attempts > 0).count();
             (done == 2 && ever_leased >= 10).then_some(rows)
         },
     )
     .await;
     assert_eq!(
-        counts(&refilled),
+        done_leased_waiting(&refilled),
         (2, 8, 10),
         "two slots freed, two rows claimed"
     );
@@ -943,19 +949,6 @@ async fn rows_sent_many_to_a_call_each_take_a_slot(backend: Backend) {
     )
     .await;
     let running = eight_slots_polling_only(&app, &users.url, 4);
-    // (done, leased, never leased) rows.
-    let counts = |rows: &[outbox::Model]| {
-        let count = |status, leased: bool| {
-            rows.iter()
-                .filter(|row| row.status == status && (row.attempts > 0) == leased)
-                .count()
-        };
-        (
-            count(OutboxStatus::Done, true),
-            count(OutboxStatus::Processing, true),
-            count(OutboxStatus::Pending, false),
-        )
-    };
     eventually(
         "both calls of the first claim",
         Duration::from_secs(20),
@@ -968,14 +961,14 @@ async fn rows_sent_many_to_a_call_each_take_a_slot(backend: Backend) {
         Duration::from_secs(20),
         || async {
             let rows = rows(&app).await;
-            let (done, _, _) = counts(&rows);
+            let (done, _, _) = done_leased_waiting(&rows);
             let ever_leased = rows.iter().filter(|row| row.attempts > 0).count();
             (done == 4 && ever_leased >= 12).then_some(rows)
         },
     )
     .await;
     assert_eq!(
-        counts(&refilled),
+        done_leased_waiting(&refilled),
         (4, 8, 8),
         "eight rows in flight, never more"
     );

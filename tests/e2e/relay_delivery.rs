@@ -989,6 +989,19 @@ async fn a_rejection_fails_the_row_and_shows_on_the_student(backend: Backend) {
     assert_eq!(users_and_inbox_rows(&app.users_db).await, (1, 2));
 }
 
+/// `relay replay` of `selection` through `relay`: its summary and what it printed.
+async fn replayed(
+    app: &TestApp,
+    relay: &relay::Relay,
+    selection: &replay::Selection,
+) -> (replay::ReplaySummary, String) {
+    let mut out = Vec::new();
+    let summary = replay::replay(&app.student_db, &relay.users, selection, &mut out)
+        .await
+        .expect("replay");
+    (summary, String::from_utf8(out).expect("utf-8"))
+}
+
 async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
     let Some(app) = spawn_app(backend).await else {
         return;
@@ -998,15 +1011,7 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
     let links = assert_each_student_linked_exactly_once(&app.student_db, &app.users_db, 3).await;
     let relay = app.relay();
 
-    let mut out = Vec::new();
-    let summary = replay::replay(
-        &app.student_db,
-        &relay.users,
-        &replay::Selection::All,
-        &mut out,
-    )
-    .await
-    .expect("replay");
+    let (summary, out) = replayed(&app, &relay, &replay::Selection::All).await;
     assert_eq!(
         summary,
         replay::ReplaySummary {
@@ -1032,13 +1037,7 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
         })
         .collect();
     expected.push("replayed=3 matched=3 mismatched=0 errors=0".into());
-    assert_eq!(
-        String::from_utf8(out)
-            .expect("utf-8")
-            .lines()
-            .collect::<Vec<_>>(),
-        expected
-    );
+    assert_eq!(out.lines().collect::<Vec<_>>(), expected);
     assert_eq!(
         users_and_inbox_rows(&app.users_db).await,
         (3, 3),
@@ -1046,16 +1045,8 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
     );
 
     // One student, by id.
-    let mut out = Vec::new();
     let one = Uuid::parse_str(&ids[1]).expect("uuid");
-    let summary = replay::replay(
-        &app.student_db,
-        &relay.users,
-        &replay::Selection::Student(one),
-        &mut out,
-    )
-    .await
-    .expect("replay");
+    let (summary, _) = replayed(&app, &relay, &replay::Selection::Student(one)).await;
     assert_eq!((summary.replayed, summary.matched), (1, 1));
     // A selection naming nothing delivered is an error (exit 2), an unknown key or
     // student alike.
@@ -1070,13 +1061,10 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
             format!("--student {stranger}"),
         ),
     ] {
-        let mut out = Vec::new();
-        let summary = replay::replay(&app.student_db, &relay.users, &selection, &mut out)
-            .await
-            .expect("replay");
+        let (summary, out) = replayed(&app, &relay, &selection).await;
         assert_eq!(summary.exit_code(), 2);
         assert_eq!(
-            String::from_utf8(out).expect("utf-8"),
+            out,
             format!(
                 "no delivered outbox row matches {named}\nreplayed=0 matched=0 mismatched=0 errors=1\n"
             )
@@ -1092,15 +1080,7 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
         .exec(&app.student_db)
         .await
         .expect("key swapped");
-    let mut out = Vec::new();
-    let summary = replay::replay(
-        &app.student_db,
-        &relay.users,
-        &replay::Selection::All,
-        &mut out,
-    )
-    .await
-    .expect("replay");
+    let (summary, out) = replayed(&app, &relay, &replay::Selection::All).await;
     assert_eq!(
         (
             summary.replayed,
@@ -1110,7 +1090,6 @@ async fn replay_answers_from_the_inbox_and_creates_nothing(backend: Backend) {
         ),
         (3, 2, 1, 2)
     );
-    let out = String::from_utf8(out).expect("utf-8");
     assert!(
         out.lines()
             .next()
