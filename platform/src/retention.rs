@@ -21,8 +21,8 @@ pub const RELAY_DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(100 * (30 +
 pub const PURGE_BATCH: u64 = 1_000;
 
 /// Runs `purge_batch` until a batch deletes fewer than [`PURGE_BATCH`] rows; returns how
-/// many were deleted in all.
-pub async fn purge_all<E, F, Fut>(mut purge_batch: F) -> Result<u64, E>
+/// many were deleted in all. Every purge goes through [`purge_older_than`].
+async fn purge_all<E, F, Fut>(mut purge_batch: F) -> Result<u64, E>
 where
     F: FnMut(u64) -> Fut,
     Fut: Future<Output = Result<u64, E>>,

@@ -30,9 +30,10 @@ use crate::{
 type RowResult = anyhow::Result<(Delivery, i64)>;
 
 impl Relay {
-    /// Delivers the rows of one claim (or part of one): the `create-user` rows in one
-    /// CreateUsers call when there are two or more of them, every other row on its own.
-    /// Returns one result per row.
+    /// Delivers one call's rows (see `calls_of`: a change row alone, or `create-user`
+    /// rows): the `create-user` rows in one CreateUsers call when there are two or more of
+    /// them, every other row (a change, or a row whose payload cannot be read, which then
+    /// fails on its own) in a call of its own. Returns one result per row.
     pub(crate) async fn send_rows_within_lease(
         &self,
         rows: Vec<outbox_row::Model>,
