@@ -124,10 +124,8 @@ mod tests {
         for page in held.chunks_mut(4096) {
             page[0] = 1;
         }
-        assert_eq!(std::hint::black_box(&held)[4096], 1);
-        drop(held);
+        drop(std::hint::black_box(held));
         let cost = ProcessCost::read("self", std::process::id()).expect("/proc of this process");
         assert!(cost.peak_rss_mb >= 256.0, "{cost:?}");
-        assert!(cost.cpu_seconds > 0.0, "{cost:?}");
     }
 }

@@ -275,8 +275,11 @@ mod tests {
             ),
         ] {
             let effect = Effect::decode(effect_type, &stored);
-            assert!(effect.is_ok(), "{effect_type}: {effect:?}");
-            assert_eq!(effect.map(|effect| effect.payload()), Ok(stored));
+            assert_eq!(
+                effect.map(|effect| effect.payload()),
+                Ok(stored),
+                "{effect_type}"
+            );
         }
     }
 

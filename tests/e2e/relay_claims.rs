@@ -558,7 +558,10 @@ async fn a_late_finalize_changes_nothing_once_its_claim_is_gone(backend: Backend
 
 /// Claims the oldest due row for `relay` and fails it `exhausted`, as a relay that ran out
 /// of attempts does; returns the claim it failed.
-async fn claim_and_exhaust(db: &sea_orm::DatabaseConnection, relay: &str) -> outbox::Model {
+pub(crate) async fn claim_and_exhaust(
+    db: &sea_orm::DatabaseConnection,
+    relay: &str,
+) -> outbox::Model {
     let claim = store::claim_batch(db, relay, 1, Duration::from_secs(60))
         .await
         .expect("claim")
@@ -908,9 +911,8 @@ async fn the_delivery_loop_refills_free_call_slots_together_and_never_overfills_
         Duration::from_secs(20),
         || async {
             let rows = rows(&app).await;
-            let (done, _, _) = done_leased_waiting(&rows);
-            let ever_leased = rows.iter().filter(|row| row.attempts > 0).count();
-            (done == 2 && ever_leased >= 10).then_some(rows)
+            let (done, leased, _) = done_leased_waiting(&rows);
+            (done == 2 && done + leased >= 10).then_some(rows)
         },
     )
     .await;
@@ -961,9 +963,8 @@ async fn rows_sent_many_to_a_call_each_take_a_slot(backend: Backend) {
         Duration::from_secs(20),
         || async {
             let rows = rows(&app).await;
-            let (done, _, _) = done_leased_waiting(&rows);
-            let ever_leased = rows.iter().filter(|row| row.attempts > 0).count();
-            (done == 4 && ever_leased >= 12).then_some(rows)
+            let (done, leased, _) = done_leased_waiting(&rows);
+            (done == 4 && done + leased >= 12).then_some(rows)
         },
     )
     .await;
@@ -1204,10 +1205,6 @@ fn the_pgbench_link_script_claims_with_the_relays_own_statement() {
     assert_eq!(claim(&pgbench::script("link.sql")), claim(&relays.sql));
 }
 
-/// PostgreSQL only: a brand-new outbox, never analyzed, behind a backlog. The relay's own
-/// connections (`relay::open_when_ready`, set up by `outbox::CLAIMING_SESSION`) claim by
-/// walking `outbox_claimable` in id order. A connection without that setting planned a
-/// bitmap scan and a sort of every due row there (BENCHMARKS-JOURNAL.md, "A brand-new outbox").
 /// PostgreSQL records a batch of answers in one statement, which locks the rows it finds
 /// held by the relay's claims before it judges them (`FOR UPDATE OF outbox`): a claim by
 /// another relay that commits while the statement waits for a row is seen, and that row's
@@ -1287,6 +1284,10 @@ async fn a_batch_sees_a_claim_that_commits_while_it_waits_for_the_row() {
     );
 }
 
+/// PostgreSQL only: a brand-new outbox, never analyzed, behind a backlog. The relay's own
+/// connections (`relay::open_when_ready`, set up by `outbox::CLAIMING_SESSION`) claim by
+/// walking `outbox_claimable` in id order. A connection without that setting planned a
+/// bitmap scan and a sort of every due row there (BENCHMARKS-JOURNAL.md, "A brand-new outbox").
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_new_outbox_the_relays_claim_walks_the_index_in_id_order() {
     let Some(app) = spawn_app(Backend::Postgres).await else {

@@ -290,7 +290,7 @@ async fn a_missing_student_fails_its_row_and_holds_back_no_one(backend: Backend)
 }
 
 /// Clears student `id`'s link in the Student DB, as a hand there would; returns its id.
-async fn unlink_by_hand(app: &TestApp, id: &str) -> Uuid {
+pub(crate) async fn unlink_by_hand(app: &TestApp, id: &str) -> Uuid {
     let student = Uuid::parse_str(id).expect("uuid");
     students::Entity::update_many()
         .col_expr(students::Column::UserId, Expr::value(Option::<Uuid>::None))
@@ -1216,26 +1216,7 @@ async fn status_counts_as_blocked_only_the_rows_behind_a_failed_row_of_their_stu
         }
     };
     let y = create_students_from(&app, 0..1).await.remove(0);
-    let claimed = student_store::outbox::claim_batch(
-        &app.student_db,
-        "relay-test",
-        1,
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("claim")
-    .remove(0);
-    assert!(
-        student_store::outbox::record_failure(
-            &app.student_db,
-            &claimed,
-            "relay-test",
-            FailureKind::Rejected,
-            &student_store::outbox::Problem::new("DOCUMENT_NUMBER_TAKEN", "taken"),
-        )
-        .await
-        .expect("failed")
-    );
+    crate::relay_claims::claim_and_exhaust(&app.student_db, "relay-test").await;
     let mut student = app.student.clone();
     student
         .update_student(rename(&y, 0, "Renamed"))
@@ -1611,12 +1592,6 @@ async fn rows_too_large_for_one_call_go_one_call_each(backend: Backend) {
         .expect("users");
     assert!(stored.iter().all(|user| user.email.chars().count() == 254));
     // One transaction would have written every user at one time.
-    let times: std::collections::HashSet<_> = users::Entity::find()
-        .all(&app.users_db)
-        .await
-        .expect("users")
-        .into_iter()
-        .map(|user| user.created_at)
-        .collect();
+    let times: std::collections::HashSet<_> = stored.iter().map(|user| user.created_at).collect();
     assert!(times.len() > 1, "the users were written one call each");
 }

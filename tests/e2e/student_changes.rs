@@ -894,16 +894,7 @@ async fn changes_recorded_together_refuse_the_one_whose_student_lost_its_link(ba
             .await
             .expect("updated");
     }
-    let lost = Uuid::parse_str(&students[1].id).expect("uuid");
-    student_store::entity::students::Entity::update_many()
-        .col_expr(
-            student_store::entity::students::Column::UserId,
-            Expr::value(Option::<Uuid>::None),
-        )
-        .filter(student_store::entity::students::Column::Id.eq(lost))
-        .exec(&app.student_db)
-        .await
-        .expect("unlinked by hand");
+    let lost = crate::relay_delivery::unlink_by_hand(&app, &students[1].id).await;
     let claimed = student_store::outbox::claim_batch(
         &app.student_db,
         "relay-a",

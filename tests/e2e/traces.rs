@@ -36,7 +36,7 @@ use crate::{
         },
         refusing_addr,
         scripted_users::{Script, scripted_users},
-        stack::{LINK_DEADLINE, Stack, binaries},
+        stack::{LINK_DEADLINE, Stack, binaries, exits_within_30_s},
         student_request,
     },
 };
@@ -1476,20 +1476,15 @@ async fn a_collector_the_exporter_cannot_use_stops_the_binary_at_start(backend: 
                 2,
             ),
         ] {
-            let child = tokio::process::Command::new(binaries().join(binary))
-                .args(args)
-                .env_clear()
-                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-                .envs(env.iter().copied())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("run");
-            let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-                .await
-                .unwrap_or_else(|_| panic!("{binary}, {case}: still running after 30 s"))
-                .expect("its output");
+            let output = exits_within_30_s(
+                tokio::process::Command::new(binaries().join(binary))
+                    .args(args)
+                    .env_clear()
+                    .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                    .envs(env.iter().copied()),
+                &format!("{binary}, {case}"),
+            )
+            .await;
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert_eq!(
                 output.status.code(),

@@ -29,7 +29,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub const LINK_DEADLINE: Duration = Duration::from_secs(90);
 
 /// What a relay logs while the Student DB has no schema yet.
-const RELAY_WAITS_FOR_THE_SCHEMA: &str = "student-svc has not created the Student DB schema yet";
+pub const RELAY_WAITS_FOR_THE_SCHEMA: &str =
+    "student-svc has not created the Student DB schema yet";
 
 /// Short leases and deadlines, so crash recovery takes seconds in tests.
 pub const RELAY_TUNING: &[&str] = &[
@@ -658,8 +659,31 @@ fn log_of(dbs: &TestDatabases, name: &str) -> String {
     std::fs::read_to_string(dbs.dir.path().join(format!("{name}.log"))).unwrap_or_default()
 }
 
+/// Runs `command` (a binary expected to refuse its settings and exit) and returns its output; a
+/// server that starts instead fails the test after 30 s rather than hanging it.
+pub async fn exits_within_30_s(
+    command: &mut tokio::process::Command,
+    what: &str,
+) -> std::process::Output {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the binary");
+    tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still running after 30 s"))
+        .expect("its output")
+}
+
 /// See [`Stack::wait_for_log_lines`].
-async fn wait_for_log_lines(dbs: &TestDatabases, name: &str, needle: &str, count: usize) -> String {
+pub async fn wait_for_log_lines(
+    dbs: &TestDatabases,
+    name: &str,
+    needle: &str,
+    count: usize,
+) -> String {
     super::eventually(
         &format!("{count} lines with {needle:?} in {name}.log"),
         LINK_DEADLINE,
